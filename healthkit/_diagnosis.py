@@ -1,0 +1,347 @@
+"""ExitDiagnoser and Diagnosis: turn "a process exited" into "what happened, why, what to do"."""
+
+from __future__ import annotations
+
+import enum
+import signal
+import threading
+import time
+from typing import Protocol
+
+import attrs
+
+from healthkit._evidence import (
+    KernelLog,
+    MemoryCgroup,
+    find_memory_cgroup,
+    format_bytes,
+    shm_usage,
+)
+from healthkit._watch import ExitStatus, ProcessWatch
+
+__all__ = ["Cause", "Diagnosis", "ExitDiagnoser"]
+
+_NATIVE_CRASH = {
+    signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
+    signal.SIGABRT: "an abort (SIGABRT), often a failed C++ assertion or uncaught C++ exception",
+    signal.SIGFPE: "a floating-point exception (SIGFPE), e.g. an integer division by zero",
+    signal.SIGILL: "an illegal instruction (SIGILL), often a binary built for another CPU",
+    signal.SIGSYS: "a bad system call (SIGSYS), often a seccomp filter",
+    signal.SIGTRAP: "a trap (SIGTRAP)",
+    signal.SIGQUIT: "SIGQUIT",
+}
+_ASKED_TO_STOP = {
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGINT: "SIGINT (Ctrl-C)",
+    signal.SIGHUP: "SIGHUP (its terminal or session went away)",
+}
+
+
+class Cause(enum.Enum):
+    """The likely cause category of an exit."""
+
+    CLEAN_EXIT = "clean exit"
+    ERROR_EXIT = "error exit"
+    OOM_KILLED = "killed by the OOM killer"
+    SIGKILL_UNCONFIRMED = "killed by SIGKILL (OOM unconfirmed)"
+    NATIVE_CRASH = "native crash"
+    BUS_ERROR = "bus error (shared memory)"
+    TERMINATED = "terminated or interrupted"
+    STILL_RUNNING = "still running"
+    UNKNOWN = "unknown"
+
+
+@attrs.frozen
+class Diagnosis:
+    """A structured account of how one process ended, and one line a person can act on.
+
+    ``exit_code`` follows ``multiprocessing``'s ``exitcode``: ``-N`` means killed by signal
+    N. An exit code of 128+N (a shell reporting that *its* child died of signal N) keeps the
+    raw code here and sets ``signal`` to N.
+    """
+
+    name: str
+    pid: int | None
+    exit_code: int | None
+    signal: signal.Signals | None
+    cause: Cause
+    what: str
+    likely: str
+    evidence: tuple[str, ...]
+    hint: str
+    observed_at: float
+    observed_at_wall: float
+
+    @property
+    def abnormal(self) -> bool:
+        """True for every ending except a clean exit and a process still running."""
+        return self.cause not in (Cause.CLEAN_EXIT, Cause.STILL_RUNNING)
+
+    @property
+    def who(self) -> str:
+        if self.pid is None or self.name == f"pid {self.pid}":
+            return self.name
+        return f"{self.name} (pid {self.pid})"
+
+    def __str__(self) -> str:
+        line = f"{self.who} {self.what}"
+        if self.likely:
+            line += f": {self.likely}"
+        if self.evidence:
+            line += f" [{'; '.join(self.evidence)}]"
+        if self.hint:
+            line += f". {self.hint}"
+        return line
+
+
+class ExitDiagnoser:
+    """Explains exits, with OOM evidence taken relative to a baseline read at construction.
+
+    Construct it when the run starts (before helpers can die): a rising cgroup ``oom_kill``
+    counter then means "an OOM kill happened during this run". Each confirmed OOM kill in
+    the counter explains at most one SIGKILL, so the second rank torn down by the launcher
+    is not blamed on the same kill.
+    """
+
+    def __init__(
+        self,
+        *,
+        proc_root: str = "/proc",
+        cgroup_root: str = "/sys/fs/cgroup",
+        kmsg_path: str | None = "/dev/kmsg",
+        shm_path: str = "/dev/shm",
+    ) -> None:
+        self._lock = threading.Lock()
+        self._shm_path = shm_path
+        self.cgroup: MemoryCgroup | None = find_memory_cgroup(
+            proc_root=proc_root, cgroup_root=cgroup_root
+        )
+        self._oom_baseline = self.cgroup.oom_kills() if self.cgroup else None
+        self._oom_explained = 0
+        self.kernel_log = KernelLog(kmsg_path) if kmsg_path else None
+        self._kmsg_baseline = self.kernel_log.last_seq() if self.kernel_log else None
+
+    def diagnose(
+        self,
+        subject: ProcessWatch | ExitStatus | int | None,
+        *,
+        name: str | None = None,
+        pid: int | None = None,
+        peak_rss_bytes: int | None = None,
+    ) -> Diagnosis:
+        """Diagnose a watch, an :class:`ExitStatus`, or a bare return code.
+
+        ``None`` (or a watch whose process still runs) gives ``Cause.STILL_RUNNING``. For a
+        watch, ``name``/``pid``/peak RSS default to the watch's own.
+        """
+        status: ExitStatus | None
+        if isinstance(subject, ProcessWatch):
+            status = subject.poll() if not subject.closed else subject.status
+            name = name or subject.name
+            pid = pid if pid is not None else subject.pid
+            peak_rss_bytes = peak_rss_bytes or subject.peak_rss_bytes
+        elif isinstance(subject, int) and not isinstance(subject, bool):
+            status = ExitStatus(subject, "given")
+        elif isinstance(subject, ExitStatus) or subject is None:
+            status = subject
+        else:
+            raise TypeError(f"cannot diagnose a {type(subject).__name__}")
+        name = name or (f"pid {pid}" if pid is not None else "process")
+        observed = (time.monotonic(), time.time()) if status is None else (
+            status.observed_at,
+            status.observed_at_wall,
+        )
+
+        def make(
+            cause: Cause,
+            what: str,
+            likely: str = "",
+            hint: str = "",
+            evidence: tuple[str, ...] = (),
+            sig: signal.Signals | None = None,
+        ) -> Diagnosis:
+            return Diagnosis(
+                name=name,
+                pid=pid,
+                exit_code=None if status is None else status.returncode,
+                signal=sig,
+                cause=cause,
+                what=what,
+                likely=likely,
+                evidence=evidence,
+                hint=hint,
+                observed_at=observed[0],
+                observed_at_wall=observed[1],
+            )
+
+        if status is None:
+            return make(Cause.STILL_RUNNING, "is still running")
+        rc = status.returncode
+        if rc is None:
+            return make(
+                Cause.UNKNOWN,
+                "exited with an unknown status",
+                "it is not this process's child and its parent reaped it before its exit "
+                "status could be read",
+                "Watch it from its parent process to get the exit code",
+                evidence=(f"source: {status.source}",),
+            )
+        if rc == 0:
+            return make(Cause.CLEAN_EXIT, "exited cleanly (exit code 0)")
+        evidence: list[str] = []
+        sig: signal.Signals | None = None
+        how = ""
+        if rc < 0:
+            sig = status.signal
+            how = "was killed by"
+        elif 128 < rc <= 128 + 64:
+            try:
+                sig = signal.Signals(rc - 128)
+            except ValueError:
+                sig = None
+            if sig is not None:
+                how = f"exited with code {rc}, the shell convention 128+{rc - 128} for death by"
+        if sig is None:
+            if rc < 0:
+                return make(Cause.UNKNOWN, f"was killed by signal {-rc}", sig=None)
+            likely = (
+                "an uncaught Python exception exits with 1; its traceback is in that "
+                "process's stderr"
+                if rc == 1
+                else "the process reported an error"
+            )
+            return make(
+                Cause.ERROR_EXIT,
+                f"exited with code {rc}",
+                likely,
+                "Read that process's own log or stderr for the error it reported",
+            )
+        if status.core_dumped:
+            evidence.append("core dumped")
+        if sig == signal.SIGKILL:
+            return self._sigkill(make, how, pid, peak_rss_bytes, evidence)
+        if sig in _NATIVE_CRASH:
+            return make(
+                Cause.NATIVE_CRASH,
+                f"{how} {sig.name}",
+                f"a crash in native code: {_NATIVE_CRASH[sig]}",
+                "Enable faulthandler in that process (PYTHONFAULTHANDLER=1 or "
+                "faulthandler.enable()) to print the crashing stack, and check that native "
+                "extensions match the installed torch/numpy versions",
+                tuple(evidence),
+                sig,
+            )
+        if sig == signal.SIGBUS:
+            shm = shm_usage(self._shm_path)
+            if shm is not None:
+                evidence.append(
+                    f"{self._shm_path}: {format_bytes(shm.free_bytes)} free of "
+                    f"{format_bytes(shm.total_bytes)}"
+                )
+            return make(
+                Cause.BUS_ERROR,
+                f"{how} SIGBUS",
+                "a bus error, most often shared memory (/dev/shm) exhausted by tensors passed "
+                "between processes",
+                "Raise /dev/shm (docker --shm-size, Kubernetes emptyDir medium: Memory) or "
+                "move less data through shared memory (fewer workers or smaller batches)",
+                tuple(evidence),
+                sig,
+            )
+        if sig in _ASKED_TO_STOP:
+            return make(
+                Cause.TERMINATED,
+                f"{how} {_ASKED_TO_STOP[sig]}",
+                "something asked it to stop: a launcher tearing the job down, a scheduler "
+                "preempting it, or a person",
+                "If nobody meant to stop it, look for who sent the signal (launcher or "
+                "scheduler logs)",
+                tuple(evidence),
+                sig,
+            )
+        return make(
+            Cause.UNKNOWN,
+            f"{how} {sig.name}",
+            "a signal with no common cause in data pipelines"
+            + ("; SIGPIPE means it wrote to a closed pipe or socket" if sig == signal.SIGPIPE
+               else ""),
+            "Find out which process sends it that signal",
+            tuple(evidence),
+            sig,
+        )
+
+    def _sigkill(
+        self,
+        make: _Make,
+        how: str,
+        pid: int | None,
+        peak_rss_bytes: int | None,
+        evidence: list[str],
+    ) -> Diagnosis:
+        confirmed = False
+        if self.kernel_log is not None and pid is not None and self._kmsg_baseline is not None:
+            lines = self.kernel_log.oom_kill_lines(pid, self._kmsg_baseline)
+            if lines:
+                confirmed = True
+                evidence.append(f"kernel log: {lines[-1].strip()[:200]}")
+        cg = self.cgroup
+        if cg is not None:
+            now = cg.oom_kills()
+            if now is not None and self._oom_baseline is not None:
+                with self._lock:
+                    delta = now - self._oom_baseline - self._oom_explained
+                    if delta > 0 or confirmed:
+                        self._oom_explained += 1
+                if delta > 0:
+                    confirmed = True
+                    evidence.append(
+                        f"cgroup v{cg.version} {cg.counter_file} oom_kill "
+                        f"{self._oom_baseline} -> {now} during this run"
+                    )
+            peak, limit = cg.peak_bytes(), cg.limit_bytes()
+            if peak is not None:
+                evidence.append(
+                    f"cgroup memory peak {format_bytes(peak)}"
+                    + (f" of limit {format_bytes(limit)}" if limit is not None else "")
+                )
+        if peak_rss_bytes is not None:
+            evidence.append(f"its peak RSS {format_bytes(peak_rss_bytes)}")
+        fix = (
+            "Lower its memory use (fewer DataLoader/sampling workers, smaller batches or "
+            "buffers) or raise the memory limit"
+        )
+        if confirmed:
+            return make(
+                Cause.OOM_KILLED,
+                f"{how} SIGKILL",
+                "the kernel's OOM killer (confirmed)",
+                fix,
+                tuple(evidence),
+                signal.SIGKILL,
+            )
+        if self.kernel_log is None or self._kmsg_baseline is None:
+            evidence.append("kernel log not readable")
+        if cg is None:
+            evidence.append("no memory cgroup counter readable")
+        return make(
+            Cause.SIGKILL_UNCONFIRMED,
+            f"{how} SIGKILL",
+            "possibly the OOM killer, unconfirmed (no OOM record for it)",
+            "If nobody killed it by hand, suspect memory: " + fix[0].lower() + fix[1:],
+            tuple(evidence),
+            signal.SIGKILL,
+        )
+
+
+class _Make(Protocol):
+    """The signature of ``diagnose``'s local ``make`` helper."""
+
+    def __call__(
+        self,
+        cause: Cause,
+        what: str,
+        likely: str = "",
+        hint: str = "",
+        evidence: tuple[str, ...] = (),
+        sig: signal.Signals | None = None,
+    ) -> Diagnosis: ...

@@ -1,0 +1,219 @@
+"""Readers for the evidence behind a diagnosis: memory cgroup OOM counters, the kernel log,
+/dev/shm. Every reader takes its root path so tests can point it at a tree of real file
+formats; none of them raises on a missing or unreadable file (evidence is best effort)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterator
+
+import attrs
+
+__all__ = ["KernelLog", "MemoryCgroup", "ShmUsage", "find_memory_cgroup", "format_bytes"]
+
+_UNLIMITED = 1 << 62
+
+
+def format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= _UNLIMITED else value
+
+
+def _read_keyed(path: str, key: str) -> int | None:
+    """Read ``key N`` from a flat-keyed cgroup file (memory.events, memory.oom_control)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == key:
+                    return int(parts[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@attrs.frozen
+class MemoryCgroup:
+    """One memory cgroup directory, v1 or v2, with the counters OOM attribution needs."""
+
+    version: int
+    path: str
+
+    @property
+    def counter_file(self) -> str:
+        return "memory.oom_control" if self.version == 1 else "memory.events"
+
+    def oom_kills(self) -> int | None:
+        """The cgroup's ``oom_kill`` counter (v1: needs Linux >= 4.13)."""
+        return _read_keyed(os.path.join(self.path, self.counter_file), "oom_kill")
+
+    def peak_bytes(self) -> int | None:
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        return _read_int(os.path.join(self.path, name))
+
+    def limit_bytes(self) -> int | None:
+        name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        return _read_int(os.path.join(self.path, name))
+
+
+def find_memory_cgroup(
+    pid: int | str = "self", *, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup"
+) -> MemoryCgroup | None:
+    """Locate the memory cgroup of ``pid`` from ``<proc_root>/<pid>/cgroup``.
+
+    A v1 ``memory`` controller wins over the v2 unified line (hybrid hosts, like many
+    container runtimes, list both). Inside a cgroup namespace the listed path may not exist
+    under ``cgroup_root``; then the nearest existing ancestor that has the counter is used.
+    """
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    v1_path = v2_path = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if "memory" in controllers.split(","):
+            v1_path = path
+        elif parts[0] == "0" and controllers == "":
+            v2_path = path
+    candidates: list[tuple[int, str, str]] = []
+    if v1_path is not None:
+        candidates.append((1, os.path.join(cgroup_root, "memory"), v1_path))
+    if v2_path is not None and os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")):
+        candidates.append((2, cgroup_root, v2_path))
+    for version, base, rel in candidates:
+        counter = "memory.oom_control" if version == 1 else "memory.events"
+        rel = rel.strip("/")
+        while True:
+            directory = os.path.join(base, rel) if rel else base
+            if os.path.exists(os.path.join(directory, counter)):
+                return MemoryCgroup(version, directory)
+            if not rel:
+                break
+            rel = os.path.dirname(rel)
+    return None
+
+
+@attrs.frozen
+class KernelRecord:
+    seq: int
+    message: str
+
+
+class KernelLog:
+    """The kernel ring buffer as exposed by ``/dev/kmsg`` (one record per read).
+
+    A regular file with the same ``pri,seq,usec,flags;message`` lines is read the same way,
+    which is how tests feed it fixtures.
+    """
+
+    def __init__(self, path: str = "/dev/kmsg") -> None:
+        self.path = path
+
+    def records(self) -> Iterator[KernelRecord] | None:
+        """All records currently buffered, or ``None`` when the log is not readable."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        return self._iter(fd)
+
+    def _iter(self, fd: int) -> Iterator[KernelRecord]:
+        try:
+            pending = b""
+            while True:
+                try:
+                    chunk = os.read(fd, 8192)
+                except OSError as e:
+                    if e.errno == errno.EPIPE:  # records overwritten while reading: go on
+                        continue
+                    break  # EAGAIN: the end of the buffer
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    rec = _parse_kmsg(line)
+                    if rec is not None:
+                        yield rec
+            rec = _parse_kmsg(pending)
+            if rec is not None:
+                yield rec
+        finally:
+            os.close(fd)
+
+    def last_seq(self) -> int | None:
+        records = self.records()
+        if records is None:
+            return None
+        last = -1
+        for rec in records:
+            last = rec.seq
+        return last
+
+    def oom_kill_lines(self, pid: int, after_seq: int) -> list[str] | None:
+        """Kernel lines after ``after_seq`` saying the OOM killer killed ``pid``."""
+        records = self.records()
+        if records is None:
+            return None
+        pattern = re.compile(rf"(Killed process {pid}\b|[ ,]pid={pid}[ ,]|[ ,]pid={pid}$)")
+        return [
+            rec.message
+            for rec in records
+            if rec.seq > after_seq
+            and pattern.search(rec.message)
+            and ("oom" in rec.message.lower() or "Killed process" in rec.message)
+        ]
+
+
+def _parse_kmsg(line: bytes) -> KernelRecord | None:
+    if not line or line.startswith(b" "):  # continuation lines carry key=value metadata
+        return None
+    head, sep, message = line.partition(b";")
+    if not sep:
+        return None
+    fields = head.split(b",")
+    try:
+        seq = int(fields[1])
+    except (IndexError, ValueError):
+        return None
+    return KernelRecord(seq, message.decode("utf-8", "replace"))
+
+
+@attrs.frozen
+class ShmUsage:
+    total_bytes: int
+    free_bytes: int
+
+
+def shm_usage(path: str = "/dev/shm") -> ShmUsage | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return ShmUsage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)

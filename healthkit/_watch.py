@@ -1,0 +1,534 @@
+"""ProcessWatch and WatchSet: know the instant a process dies, without polling.
+
+Mechanism (Linux fast path): a pidfd opened at construction. It becomes readable when the
+process has exited (it is a zombie by then), it pins the process identity so a recycled pid
+cannot fool us, and it works for processes that are not our children. For children the exit
+status is *peeked* with ``waitid(P_PIDFD, ..., WNOWAIT)`` before the owning object
+(``multiprocessing.Process`` / ``subprocess.Popen``) reaps, so there is no window where the
+process is known dead but its exit code is not.
+
+Fallback (no pidfd): ``Process.sentinel``. The sentinel is a pipe that closes while the child
+exits, *before* the kernel has made it a zombie, so ``waitpid(WNOHANG)`` can still answer
+"running" for a moment after the sentinel fires. That race is closed with a short bounded
+blocking ``join``, never a sleep loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from multiprocessing.process import BaseProcess
+from typing import Final
+
+import attrs
+
+from healthkit._errors import (
+    NoSuchProcessError,
+    ProcessNotStartedError,
+    WatchClosedError,
+    check_timeout,
+)
+
+__all__ = ["ExitStatus", "ProcessWatch", "WatchSet", "read_proc_stat"]
+
+HAVE_PIDFD: Final = hasattr(os, "pidfd_open") and hasattr(os, "P_PIDFD")
+
+# How long to wait for a concurrent reaper (another thread calling is_alive()/wait() on the
+# same Process/Popen) to publish the return code it took from the kernel.
+_REAPER_HANDOFF_S: Final = 1.0
+# How long a forkserver may take to report a dead child's exit code to the Process object.
+_OWNER_HANDOFF_S: Final = 5.0
+
+
+@attrs.frozen
+class ExitStatus:
+    """How a process ended, as far as it can be known.
+
+    ``returncode`` follows the ``subprocess``/``multiprocessing`` convention: ``>= 0`` is the
+    exit code, ``-N`` means killed by signal N, ``None`` means the process is gone but its
+    status could not be read (a non-child already reaped by its own parent).
+    """
+
+    returncode: int | None
+    source: str
+    observed_at: float = attrs.field(factory=time.monotonic)
+    observed_at_wall: float = attrs.field(factory=time.time)
+    core_dumped: bool = False
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        """The signal that killed the process, if it was killed by one."""
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode)
+        except ValueError:
+            return None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code passed to ``exit()``, if the process exited by itself."""
+        if self.returncode is None or self.returncode < 0:
+            return None
+        return self.returncode
+
+
+@attrs.frozen
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` that healthkit needs."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    start_time: int
+    exit_status: int | None  # raw wait status (field 52), meaningful for a zombie
+
+
+def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
+    """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may contain spaces and parentheses: it ends at the *last* ')'.
+    head, _, tail = raw.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = tail.split()
+    # fields[0] is field 3 (state); field N is fields[N - 3].
+    exit_status = int(fields[49]) if len(fields) > 49 else None
+    return ProcStat(
+        pid=pid,
+        comm=comm,
+        state=fields[0],
+        ppid=int(fields[1]),
+        start_time=int(fields[19]),
+        exit_status=exit_status,
+    )
+
+
+def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
+    if info.si_code == os.CLD_EXITED:
+        return ExitStatus(info.si_status, source)
+    return ExitStatus(-info.si_status, source, core_dumped=info.si_code == os.CLD_DUMPED)
+
+
+def _readable_now(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class ProcessWatch:
+    """A handle on one process that tells, event-driven, when and how it ended.
+
+    Build it from a started ``multiprocessing.Process`` (``torch.multiprocessing`` too), a
+    ``subprocess.Popen`` or a bare pid. ``fileno()`` is readable once the process has exited,
+    so many watches can be waited on from one thread (see :class:`WatchSet`). Where this
+    process is the parent it also reaps the child, through the owning object so that
+    ``Process.exitcode`` / ``Popen.returncode`` stay consistent and no zombie is left.
+    """
+
+    def __init__(
+        self,
+        target: BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int,
+        *,
+        name: str | None = None,
+        proc_root: str = "/proc",
+        use_pidfd: bool = True,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._status: ExitStatus | None = None
+        self._closed = False
+        self._pidfd: int | None = None
+        self._done_fd: int | None = None
+        self._proc_root = proc_root
+        self._process: BaseProcess | None = None
+        self._popen: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None
+        self._start_time: int | None = None
+        self._peak_rss: int | None = None
+        self.is_child = True
+
+        if isinstance(target, BaseProcess):
+            if target.pid is None:
+                raise ProcessNotStartedError(
+                    f"{target.name} has not been started; call start() before watching it"
+                )
+            self._process = target
+            pid = target.pid
+            default_name = target.name
+        elif isinstance(target, subprocess.Popen):
+            self._popen = target
+            pid = target.pid
+            args = target.args
+            first = args[0] if isinstance(args, (list, tuple)) and args else args
+            default_name = f"{os.path.basename(str(first))}"
+        elif isinstance(target, int) and not isinstance(target, bool):
+            if target <= 0:
+                raise NoSuchProcessError(f"pid must be a positive integer, got {target}")
+            pid = target
+            default_name = f"pid {target}"
+        else:
+            raise TypeError(
+                "ProcessWatch needs a multiprocessing.Process, a subprocess.Popen or a pid, "
+                f"got {type(target).__name__}"
+            )
+        self.pid: int = pid
+        self.name: str = name if name is not None else default_name
+
+        owner_code = self._owner_returncode()
+        if owner_code is not None:
+            # Already reaped by its owner: nothing left to watch, the answer is known.
+            self._status = ExitStatus(owner_code, "owner")
+        elif HAVE_PIDFD and use_pidfd:
+            self._open_pidfd()
+        elif self._process is None:
+            raise NotImplementedError(
+                "watching a Popen or a bare pid needs pidfd (Linux >= 5.3); "
+                "watch a multiprocessing.Process instead"
+            )
+        if self._status is not None:
+            # Already over: still hand out a pollable fd, one that is always readable.
+            r, w = os.pipe()
+            os.close(w)
+            self._done_fd = r
+
+    # ------------------------------------------------------------------ construction
+    def _open_pidfd(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            if self._process is None and self._popen is None:
+                raise NoSuchProcessError(
+                    f"no process with pid {self.pid}: check the pid (it may have exited "
+                    "already and been reaped)"
+                ) from None
+            # Our child, reaped by someone else before we looked: its owner may know.
+            code = self._wait_owner_returncode()
+            self._status = ExitStatus(code, "owner" if code is not None else "unknown")
+            return
+        os.set_inheritable(self._pidfd, False)
+        try:
+            os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            self.is_child = False
+        stat = read_proc_stat(self.pid, self._proc_root)
+        self._start_time = stat.start_time if stat is not None else None
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def status(self) -> ExitStatus | None:
+        """The exit status once collected (by :meth:`poll` or :meth:`wait`), else ``None``."""
+        return self._status
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def peak_rss_bytes(self) -> int | None:
+        """Highest resident set size seen by :meth:`sample_rss` while the process lived."""
+        return self._peak_rss
+
+    def fileno(self) -> int:
+        """A file descriptor that becomes readable when the process has exited."""
+        if self._closed:
+            raise WatchClosedError(f"the watch on {self.name} (pid {self.pid}) is closed")
+        if self._pidfd is not None:
+            return self._pidfd
+        if self._done_fd is not None:
+            return self._done_fd
+        assert self._process is not None
+        return self._process.sentinel
+
+    def poll(self) -> ExitStatus | None:
+        """The exit status if the process has ended, else ``None``; never blocks long."""
+        if self._status is not None:
+            return self._status
+        if not _readable_now(self.fileno()):
+            return None
+        return self._collect()
+
+    def wait(self, timeout: float | None = None) -> ExitStatus | None:
+        """Block until the process ends (``None`` if ``timeout`` seconds pass first)."""
+        timeout = check_timeout(timeout, "timeout")
+        if self._status is not None:
+            return self._status
+        poller = select.poll()
+        poller.register(self.fileno(), select.POLLIN)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ms = None if remaining is None else int(remaining * 1000) + 1
+            if poller.poll(ms):
+                return self._collect()
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def is_alive(self) -> bool:
+        return self.poll() is None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process through its pidfd, so a recycled pid is never hit."""
+        if self._closed:
+            raise WatchClosedError(f"the watch on {self.name} (pid {self.pid}) is closed")
+        if self._status is not None:
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def sample_rss(self) -> int | None:
+        """Read the kernel's peak RSS (VmHWM) of the live process; remember the maximum.
+
+        Cheap (one small /proc read). A process killed by the OOM killer cannot be read
+        afterwards, so callers that want this evidence sample while it is alive.
+        """
+        if self._status is not None or self._closed:
+            return self._peak_rss
+        if self._pidfd is not None and _readable_now(self._pidfd):
+            return self._peak_rss  # exited: the pid may already name someone else
+        try:
+            with open(f"{self._proc_root}/{self.pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmHWM:"):
+                        kib = int(line.split()[1])
+                        rss = kib * 1024
+                        if self._peak_rss is None or rss > self._peak_rss:
+                            self._peak_rss = rss
+                        break
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+            pass
+        return self._peak_rss
+
+    def close(self) -> None:
+        """Release the pidfd. Idempotent. The collected :attr:`status` stays readable."""
+        if self._closed:
+            return
+        self._closed = True
+        for fd in (self._pidfd, self._done_fd):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = self._done_fd = None
+
+    def __enter__(self) -> ProcessWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self._status is None else f"exited {self._status.returncode}"
+        return f"<ProcessWatch {self.name!r} pid={self.pid} {state}>"
+
+    # ------------------------------------------------------------------ collection
+    def _owner_returncode(self) -> int | None:
+        if self._process is not None:
+            return self._process.exitcode
+        if self._popen is not None:
+            return self._popen.returncode
+        return None
+
+    def _wait_owner_returncode(self) -> int | None:
+        """Another thread reaped the child; give it a moment to publish the code."""
+        deadline = time.monotonic() + _REAPER_HANDOFF_S
+        while True:
+            code = self._owner_returncode()
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            time.sleep(0.001)
+
+    def _collect(self) -> ExitStatus:
+        with self._lock:
+            if self._status is None:
+                self._status = (
+                    self._collect_pidfd() if self._pidfd is not None else self._collect_sentinel()
+                )
+            return self._status
+
+    def _collect_pidfd(self) -> ExitStatus:
+        assert self._pidfd is not None
+        if not self.is_child:
+            # The zombie's status is readable only until its own parent reaps it; read it
+            # first. A forkserver Process is such a non-child, and its owner object learns
+            # the exit code from the forkserver over a pipe: ask it too (authoritative).
+            status = self._status_from_zombie()
+            if self._process is not None:
+                self._process.join(_OWNER_HANDOFF_S)
+                code = self._process.exitcode
+                if code is not None:
+                    return ExitStatus(code, "multiprocessing", core_dumped=status.core_dumped)
+            return status
+        try:
+            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None  # reaped under us by another thread (e.g. Process.is_alive())
+        if info is None:
+            code = self._wait_owner_returncode()
+            return ExitStatus(code, "owner" if code is not None else "unknown")
+        status = _status_from_siginfo(info, "waitid")
+        self._reap()
+        return status
+
+    def _reap(self) -> None:
+        """Reap through the owner so its own bookkeeping (exitcode, returncode) is right."""
+        if self._process is not None:
+            self._process.join()  # already exited: returns at once
+        elif self._popen is not None:
+            self._popen.wait()
+        else:
+            assert self._pidfd is not None
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+
+    def _status_from_zombie(self) -> ExitStatus:
+        stat = read_proc_stat(self.pid, self._proc_root)
+        if (
+            stat is not None
+            and stat.state in ("Z", "X")
+            and stat.start_time == self._start_time
+            and stat.exit_status is not None
+        ):
+            return ExitStatus(
+                os.waitstatus_to_exitcode(stat.exit_status),
+                f"{self._proc_root}/{self.pid}/stat",
+                core_dumped=bool(stat.exit_status & 0x80),
+            )
+        return ExitStatus(None, "unknown: not our child, already reaped by its parent")
+
+    def _collect_sentinel(self) -> ExitStatus:
+        assert self._process is not None
+        # The sentinel closes before the child is a zombie; a blocking join on an exiting
+        # process is bounded by the kernel finishing exit(), so bound it generously.
+        self._process.join(_REAPER_HANDOFF_S)
+        code = self._process.exitcode
+        return ExitStatus(code, "multiprocessing" if code is not None else "unknown")
+
+
+class WatchSet:
+    """Wait for the first of many watches to end, from one thread, without polling.
+
+    Backed by ``selectors.DefaultSelector`` (epoll on Linux, so thousands of watches are
+    fine) plus a wake-up pipe: another thread may :meth:`add`, :meth:`remove` or
+    :meth:`wake` while :meth:`wait` blocks. Readiness is level-triggered: a watch whose
+    process has ended is returned by every :meth:`wait` until it is removed.
+    """
+
+    def __init__(self, watches: Iterable[ProcessWatch] = ()) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._watches: dict[int, ProcessWatch] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._closed = False
+        for w in watches:
+            self.add(w)
+
+    def add(self, watch: ProcessWatch) -> None:
+        """Start waiting on ``watch``; adding the same watch twice is a no-op."""
+        with self._lock:
+            self._check_open()
+            if id(watch) in self._watches:
+                return
+            self._selector.register(watch.fileno(), selectors.EVENT_READ, watch)
+            self._watches[id(watch)] = watch
+        self.wake()
+
+    def remove(self, watch: ProcessWatch) -> None:
+        """Stop waiting on ``watch`` (no error if it is not in the set)."""
+        with self._lock:
+            if self._closed or self._watches.pop(id(watch), None) is None:
+                return
+            for key in list(self._selector.get_map().values()):
+                if key.data is watch:
+                    self._selector.unregister(key.fileobj)
+                    break
+        self.wake()
+
+    def __len__(self) -> int:
+        return len(self._watches)
+
+    def __iter__(self) -> Iterator[ProcessWatch]:
+        with self._lock:
+            return iter(list(self._watches.values()))
+
+    def wake(self) -> None:
+        """Make a blocked :meth:`wait` return now (from any thread or a signal handler)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # pipe full (a wake is already pending) or closed
+
+    def wait(self, timeout: float | None = None) -> list[ProcessWatch]:
+        """Block until a watch ends, :meth:`wake` is called or ``timeout`` passes.
+
+        Returns the watches whose process has ended, with their status collected (an empty
+        list on timeout or wake-up).
+        """
+        timeout = check_timeout(timeout, "timeout")
+        self._check_open()
+        events = self._selector.select(timeout)
+        ended: list[ProcessWatch] = []
+        for key, _ in events:
+            if key.data is None:
+                self._drain_wake()
+                continue
+            watch = key.data
+            if isinstance(watch, ProcessWatch) and id(watch) in self._watches:
+                if not watch.closed and watch.poll() is not None:
+                    ended.append(watch)
+        return ended
+
+    def close(self) -> None:
+        """Release the selector and the wake-up pipe (the watches stay open)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._watches.clear()
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def __enter__(self) -> WatchSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WatchClosedError("this WatchSet is closed")
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError) as e:
+            if isinstance(e, OSError) and e.errno not in (errno.EAGAIN, errno.EBADF):
+                raise

@@ -1,0 +1,1 @@
+"""healthkit integration for Alibaba graph-learn."""

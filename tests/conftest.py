@@ -1,0 +1,92 @@
+"""Shared test fixtures. Every test is checked for leaks: no child process, zombie, thread or
+file descriptor may outlive it (tests that start processes must end them, by pid)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+
+def _children(pid: int) -> set[int]:
+    """Direct children of ``pid`` (any state, zombies included) from /proc."""
+    out: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def _describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} [{state}] {cmd[:120]}"
+
+
+# Processes that are meant to outlive a single test (multiprocessing's forkserver and
+# resource tracker are per-interpreter singletons, started on first use).
+_SINGLETONS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def _is_singleton(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+    except OSError:
+        return True
+    return any(s in cmd for s in _SINGLETONS)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if it leaves a child process, a zombie, a thread or an fd behind."""
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    me = os.getpid()
+    children_before = _children(me)
+    threads_before = set(threading.enumerate())
+    fds_before = _fds()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        children = {p for p in _children(me) - children_before if not _is_singleton(p)}
+        threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()}
+        fds = _fds() - fds_before
+        if not (children or threads or fds) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)  # let exiting threads and processes finish (bounded)
+    problems = []
+    if children:
+        problems.append("child processes left: " + "; ".join(_describe(p) for p in children))
+        for pid in children:  # clean up so one leak does not cascade into every later test
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    if threads:
+        problems.append("threads left: " + ", ".join(t.name for t in threads))
+    if fds:
+        problems.append(f"file descriptors left: {sorted(fds)}")
+    if problems:
+        pytest.fail("leak check: " + " | ".join(problems))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_leaks: skip the leak check (justify in the test)")
