@@ -3,6 +3,16 @@
 The public names live here; the modules behind them are private.
 """
 
+from healthkit._actions import (
+    Action,
+    FailureEvent,
+    call,
+    default_actions,
+    exit_process,
+    log_diagnosis,
+    raise_in_main_thread,
+    write_torchelastic_error_file,
+)
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
     HealthkitError,
@@ -14,10 +24,22 @@ from healthkit._errors import (
     WatchClosedError,
 )
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Action",
+    "DisarmableWatchdog",
+    "FailureEvent",
+    "Verdict",
+    "call",
+    "decide",
+    "default_actions",
+    "exit_process",
+    "log_diagnosis",
+    "raise_in_main_thread",
+    "write_torchelastic_error_file",
     "Cause",
     "Diagnosis",
     "ExitDiagnoser",

@@ -1,0 +1,222 @@
+"""What a watchdog does when a watched process dies: small composable action objects.
+
+Each action receives one :class:`FailureEvent`. The watchdog runs its actions in order,
+once, and an action that raises does not stop the ones after it (the exit must happen even
+if the log handler is broken).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from healthkit._diagnosis import Diagnosis
+from healthkit._errors import ProcessDiedError
+
+__all__ = [
+    "Action",
+    "FailureEvent",
+    "call",
+    "default_actions",
+    "exit_process",
+    "log_diagnosis",
+    "raise_in_main_thread",
+    "write_torchelastic_error_file",
+]
+
+logger = logging.getLogger("healthkit")
+
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+
+@attrs.frozen
+class FailureEvent:
+    """Everything an action needs: the diagnosis and where it was seen."""
+
+    diagnosis: Diagnosis
+    watchdog_name: str
+    owner_pid: int = attrs.field(factory=os.getpid)
+
+    @property
+    def message(self) -> str:
+        return f"{self.watchdog_name}: {self.diagnosis}"
+
+
+class Action(Protocol):
+    """One step run when a watched process dies."""
+
+    def __call__(self, event: FailureEvent) -> None: ...
+
+
+def flush_logging(log: logging.Logger | None = None) -> None:
+    """Flush every handler a record from ``log`` may reach, then stdout/stderr.
+
+    ``os._exit`` skips all buffered output; a diagnosis lost in a buffer is the one thing
+    this library exists to print.
+    """
+    current: logging.Logger | None = log or logging.getLogger()
+    seen: set[int] = set()
+    while current is not None:
+        for handler in current.handlers:
+            if id(handler) not in seen:
+                seen.add(id(handler))
+                try:
+                    handler.flush()
+                except Exception:
+                    pass
+        current = current.parent if current.propagate else None
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if id(handler) not in seen:
+            try:
+                handler.flush()
+            except Exception:
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+@attrs.frozen
+class log_diagnosis:
+    """Log the diagnosis (default: ERROR on the ``healthkit`` logger) and flush everything."""
+
+    logger: logging.Logger = logger
+    level: int = logging.ERROR
+
+    def __call__(self, event: FailureEvent) -> None:
+        self.logger.log(self.level, "%s", event.message)
+        if not self.logger.hasHandlers():
+            # No logging configured in this process: make sure the line is still seen.
+            print(event.message, file=sys.stderr)
+        flush_logging(self.logger)
+
+
+def error_file_payload(event: FailureEvent) -> dict[str, object]:
+    """The JSON torch.distributed.elastic reads from ``TORCHELASTIC_ERROR_FILE``.
+
+    torchrun prints ``extraInfo.py_callstack`` as the ``traceback`` of the root cause in its
+    failure summary, so the diagnosis goes there too.
+    """
+    d = event.diagnosis
+    text = (
+        f"{event.message}\n"
+        f"  cause: {d.cause.value}; exit code: {d.exit_code}; "
+        f"signal: {d.signal.name if d.signal else None}\n"
+        + "".join(f"  evidence: {e}\n" for e in d.evidence)
+        + (f"  hint: {d.hint}\n" if d.hint else "")
+    )
+    return {
+        "message": {
+            "message": f"{ProcessDiedError.__name__}: {event.message}",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        }
+    }
+
+
+@attrs.frozen
+class write_torchelastic_error_file:
+    """Write the torchelastic error file when ``TORCHELASTIC_ERROR_FILE`` is set.
+
+    Written atomically (temp file + rename) so torchrun never reads half a file.
+    ``path`` overrides the environment variable.
+    """
+
+    path: str | None = None
+
+    def __call__(self, event: FailureEvent) -> None:
+        path = self.path or os.environ.get(TORCHELASTIC_ERROR_FILE)
+        if not path:
+            return
+        tmp = f"{path}.healthkit-{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(error_file_payload(event), f)
+        os.replace(tmp, path)
+
+
+@attrs.frozen
+class exit_process:
+    """End this process now with ``os._exit(code)`` so the launcher tears the job down.
+
+    ``os._exit`` on purpose: a normal exit would run atexit hooks and join threads that
+    may be blocked on the dead helper, which is the hang being escaped.
+    """
+
+    code: int = 1
+
+    def __call__(self, event: FailureEvent) -> None:
+        flush_logging()
+        os._exit(self.code)
+
+
+@attrs.frozen
+class call:
+    """Run a user callback with the event."""
+
+    fn: Callable[[FailureEvent], None]
+
+    def __call__(self, event: FailureEvent) -> None:
+        self.fn(event)
+
+
+class raise_in_main_thread:
+    """Raise :class:`ProcessDiedError` in the main thread, for users who want an exception.
+
+    The watcher sends ``signum`` to the main thread with ``pthread_kill``; a real signal
+    (unlike ``_thread.interrupt_main``) interrupts a blocking system call such as a
+    ``recv()``, so the main thread wakes up and the handler raises there. The handler is
+    installed when the watchdog is armed (which must then happen in the main thread) and
+    the previous handler is restored on disarm.
+    """
+
+    def __init__(self, signum: int = signal.SIGUSR1) -> None:
+        self.signum = signum
+        self._event: FailureEvent | None = None
+        self._previous: signal.Handlers | Callable[..., object] | int | None = None
+        self._installed = False
+
+    def prepare(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "raise_in_main_thread needs the watchdog to be armed from the main thread "
+                "(signal handlers can only be installed there)"
+            )
+        if not self._installed:
+            self._previous = signal.signal(self.signum, self._handler)
+            self._installed = True
+
+    def release(self) -> None:
+        if self._installed and threading.current_thread() is threading.main_thread():
+            signal.signal(self.signum, self._previous)
+            self._installed = False
+
+    def _handler(self, signum: int, frame: object) -> None:
+        event = self._event
+        if event is None:
+            return
+        self._event = None
+        raise ProcessDiedError(event.message, event.diagnosis)
+
+    def __call__(self, event: FailureEvent) -> None:
+        self._event = event
+        signal.pthread_kill(threading.main_thread().ident or 0, self.signum)
+
+    def __repr__(self) -> str:
+        return f"raise_in_main_thread(signum={self.signum})"
+
+
+def default_actions(exit_code: int = 1) -> list[Action]:
+    """Log and flush, write the torchelastic error file if asked, then ``os._exit``."""
+    return [log_diagnosis(), write_torchelastic_error_file(), exit_process(exit_code)]
