@@ -97,10 +97,12 @@ class log_diagnosis:
     level: int = logging.ERROR
 
     def __call__(self, event: FailureEvent) -> None:
-        self.logger.log(self.level, "%s", event.message)
-        if not self.logger.hasHandlers():
-            # No logging configured in this process: make sure the line is still seen.
-            print(event.message, file=sys.stderr)
+        if self.logger.hasHandlers():
+            self.logger.log(self.level, "%s", event.message)
+        else:
+            # No logging configured in this process (logging's last-resort handler would
+            # print the bare message): print it with a level the reader can grep for.
+            print(f"{logging.getLevelName(self.level)} {event.message}", file=sys.stderr)
         flush_logging(self.logger)
 
 
@@ -151,14 +153,31 @@ class exit_process:
     """End this process now with ``os._exit(code)`` so the launcher tears the job down.
 
     ``os._exit`` on purpose: a normal exit would run atexit hooks and join threads that
-    may be blocked on the dead helper, which is the hang being escaped.
+    may be blocked on the dead helper, which is the hang being escaped. Skipping atexit
+    also skips multiprocessing's termination of daemon children, which would then be
+    orphaned; so first send SIGTERM to this process's multiprocessing children (without
+    waiting for them: they may be stuck too).
     """
 
     code: int = 1
+    terminate_children: bool = True
 
     def __call__(self, event: FailureEvent) -> None:
+        if self.terminate_children:
+            terminate_multiprocessing_children()
         flush_logging()
         os._exit(self.code)
+
+
+def terminate_multiprocessing_children() -> None:
+    """SIGTERM every live multiprocessing child of this process; never blocks."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        try:
+            child.terminate()
+        except Exception:
+            pass
 
 
 @attrs.frozen

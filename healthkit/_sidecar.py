@@ -210,6 +210,10 @@ def main(argv: list[str]) -> int:
             config["owner_pid"],
         )
         _kill_owner(owner_pidfd, float(config["kill_grace"]))
+        # The owner had no chance to stop its helpers (its atexit hooks did not run):
+        # stop the other processes it asked us to watch, as its normal exit would have.
+        for other, _ in entries.values():
+            other.terminate()
         return 0
 
     while True:

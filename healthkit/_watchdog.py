@@ -243,10 +243,17 @@ class DisarmableWatchdog:
             return self
 
     def disarm(self, timeout: float | None = 5.0, *, reason: str = "disarm()") -> None:
-        """Stop watching; from now on no exit fires. Idempotent; safe from an action."""
+        """Stop watching; from now on no exit fires. Idempotent; safe from an action.
+
+        Also closes the watches this watchdog built itself (from a Process, Popen or pid);
+        arming again afterwards watches only what is added after.
+        """
         timeout = check_timeout(timeout, "timeout")
         with self._lock:
-            if not self._armed or self._inert:
+            if self._inert:
+                return
+            if not self._armed:
+                self._close_owned_watches()
                 return
             self._armed = False
             _ARMED.discard(self)
@@ -267,10 +274,13 @@ class DisarmableWatchdog:
             if release is not None:
                 release()
         with self._lock:
-            for e in self._entries:
-                if e.owned:
-                    e.watch.close()
-            self._entries = [e for e in self._entries if not e.owned]
+            self._close_owned_watches()
+
+    def _close_owned_watches(self) -> None:
+        for e in self._entries:
+            if e.owned:
+                e.watch.close()
+        self._entries = [e for e in self._entries if not e.owned]
 
     def __enter__(self) -> DisarmableWatchdog:
         return self.arm()

@@ -1,0 +1,512 @@
+"""DisarmableWatchdog: it fires on every abnormal exit while armed and never otherwise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import healthkit as hk
+from healthkit import Verdict, decide
+
+OWNER = str(Path(__file__).parent.parent / "scripts" / "owner.py")
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+def serve_forever() -> None:
+    time.sleep(600)
+
+
+def return_early() -> None:
+    time.sleep(0.2)
+
+
+def exit_3() -> None:
+    sys.exit(3)
+
+
+def _status(rc: int | None) -> hk.ExitStatus | None:
+    return None if rc is None else hk.ExitStatus(rc, "fabricated")
+
+
+# --------------------------------------------------------------------------- decide()
+@pytest.mark.parametrize(
+    ("rc", "armed", "until_disarmed", "policy", "verdict"),
+    [
+        (None, True, True, "fail", Verdict.KEEP_WATCHING),  # alive
+        (None, False, True, "fail", Verdict.KEEP_WATCHING),
+        (-9, True, True, "fail", Verdict.FIRE),  # abnormal while armed
+        (3, True, False, "fail", Verdict.FIRE),
+        (-15, False, True, "fail", Verdict.IGNORE),  # teardown SIGTERM after disarm
+        (-9, False, True, "fail", Verdict.IGNORE),  # any exit after disarm
+        (0, False, True, "fail", Verdict.IGNORE),
+        (0, True, False, "fail", Verdict.IGNORE),  # allowed to finish
+        (0, True, True, "fail", Verdict.FIRE),  # early clean exit, default policy
+        (0, True, True, "warn", Verdict.WARN),  # early clean exit, lenient policy
+        (-9, True, True, "warn", Verdict.FIRE),  # the lenient policy is only about exit 0
+    ],
+)
+def test_decide_covers_every_branch(
+    rc: int | None, armed: bool, until_disarmed: bool, policy: str, verdict: Verdict
+) -> None:
+    got = decide(
+        _status(rc),
+        armed=armed,
+        run_until_disarmed=until_disarmed,
+        clean_exit_policy=policy,  # type: ignore[arg-type]
+    )
+    assert got is verdict
+
+
+# --------------------------------------------------------------------------- in-process
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[hk.FailureEvent] = []
+        self.fired = threading.Event()
+
+    def __call__(self, event: hk.FailureEvent) -> None:
+        self.events.append(event)
+        self.fired.set()
+
+
+def _start(ctx_name: str, target: object, name: str = "helper") -> mp.process.BaseProcess:
+    p = mp.get_context(ctx_name).Process(target=target, name=name, daemon=True)  # type: ignore[attr-defined]
+    p.start()
+    return p
+
+
+def _stop(*procs: mp.process.BaseProcess) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(10)
+        p.close()  # release the sentinel now, not whenever the object is collected
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_sigkill_while_armed_fires_once_with_the_diagnosis(start_method: str) -> None:
+    rec = Recorder()
+    p = _start(start_method, serve_forever, "sampler-server")
+    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        assert rec.fired.wait(10)
+        time.sleep(0.1)
+        assert len(rec.events) == 1
+        d = rec.events[0].diagnosis
+        assert (d.name, d.pid, d.exit_code, d.signal) == (
+            "sampler-server",
+            p.pid,
+            -9,
+            signal.SIGKILL,
+        )
+        assert d.cause in (hk.Cause.SIGKILL_UNCONFIRMED, hk.Cause.OOM_KILLED)
+        assert wd.fired == d
+    finally:
+        wd.disarm()
+        _stop(p)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_error_exit_while_armed_fires(start_method: str) -> None:
+    rec = Recorder()
+    p = _start(start_method, exit_3)
+    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]):
+        assert rec.fired.wait(30)
+    assert rec.events[0].diagnosis.exit_code == 3
+    assert rec.events[0].diagnosis.cause is hk.Cause.ERROR_EXIT
+    _stop(p)
+
+
+def test_alive_helper_never_fires() -> None:
+    rec = Recorder()
+    p = _start("fork", serve_forever)
+    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]) as wd:
+        assert not rec.fired.wait(0.5)
+        assert wd.armed and wd.fired is None
+    _stop(p)
+    assert rec.events == []
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_exit_after_disarm_never_fires(start_method: str) -> None:
+    rec = Recorder()
+    p = _start(start_method, serve_forever)
+    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    wd.disarm()
+    p.terminate()  # what multiprocessing does to daemon children at exit
+    p.join(10)
+    assert not rec.fired.wait(0.3)
+    assert not wd.armed
+
+
+def test_clean_exit_of_a_process_allowed_to_finish_does_not_fire() -> None:
+    rec = Recorder()
+    p = _start("fork", return_early)
+    wd = hk.DisarmableWatchdog(actions=[hk.call(rec)])
+    wd.watch(p, run_until_disarmed=False)
+    with wd:
+        p.join(10)
+        assert not rec.fired.wait(0.3)
+    assert p.exitcode == 0
+
+
+def test_early_clean_exit_of_a_run_until_disarmed_process_fires_by_default() -> None:
+    rec = Recorder()
+    p = _start("fork", return_early, "gl-server")
+    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]):
+        assert rec.fired.wait(10)
+    d = rec.events[0].diagnosis
+    assert d.exit_code == 0
+    assert "expected to run until disarmed" in str(d)
+    _stop(p)
+
+
+def test_early_clean_exit_under_warn_policy_logs_and_does_not_fire(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec = Recorder()
+    p = _start("fork", return_early, "gl-server")
+    with caplog.at_level(logging.WARNING, logger="healthkit"):
+        with hk.DisarmableWatchdog([p], actions=[hk.call(rec)], clean_exit_policy="warn"):
+            p.join(10)
+            deadline = time.monotonic() + 10
+            while "declared to run until disarmed" not in caplog.text:
+                assert time.monotonic() < deadline, "no warning logged"
+                time.sleep(0.01)
+    assert rec.events == []
+    assert "gl-server" in caplog.text
+
+
+def test_only_the_first_failure_fires() -> None:
+    rec = Recorder()
+    procs = [_start("fork", serve_forever, f"w{i}") for i in range(3)]
+    with hk.DisarmableWatchdog(procs, actions=[hk.call(rec)]):
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+        assert rec.fired.wait(10)
+        for p in procs:
+            p.join(10)
+        time.sleep(0.2)
+    assert len(rec.events) == 1
+    _stop(*procs)
+
+
+def test_arm_twice_starts_one_thread_and_watching_twice_is_harmless() -> None:
+    p = _start("fork", serve_forever)
+    wd = hk.DisarmableWatchdog(actions=[hk.call(Recorder())])
+    w1 = wd.watch(p)
+    w2 = wd.watch(p)
+    assert w1 is w2 and len(wd.watches) == 1
+    before = threading.active_count()
+    wd.arm()
+    wd.arm()
+    assert threading.active_count() == before + 1
+    wd.disarm()
+    wd.disarm()  # idempotent too
+    _stop(p)
+
+
+def test_an_action_that_raises_does_not_stop_the_next_one() -> None:
+    rec = Recorder()
+
+    def broken(event: hk.FailureEvent) -> None:
+        raise OSError("disk full")
+
+    p = _start("fork", serve_forever)
+    with hk.DisarmableWatchdog([p], actions=[hk.call(broken), hk.call(rec)]):
+        p.kill()
+        assert rec.fired.wait(10)
+    _stop(p)
+
+
+def test_raise_in_main_thread_interrupts_a_blocking_call() -> None:
+    p = _start("fork", serve_forever, "feature-server")
+    a, b = __import__("socket").socketpair()
+    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()]).arm()
+    threading.Timer(0.2, p.kill).start()
+    try:
+        with pytest.raises(hk.ProcessDiedError) as info:
+            a.recv(1)  # blocks until the signal interrupts it
+        assert info.value.diagnosis.name == "feature-server"
+        assert info.value.diagnosis.signal is signal.SIGKILL
+    finally:
+        wd.disarm()
+        a.close()
+        b.close()
+        _stop(p)
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handler restored
+
+
+def test_raise_in_main_thread_refuses_to_arm_off_the_main_thread() -> None:
+    p = _start("fork", serve_forever)
+    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()])
+    errors: list[BaseException] = []
+
+    def arm() -> None:
+        try:
+            wd.arm()
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=arm)
+    t.start()
+    t.join()
+    assert errors and "main thread" in str(errors[0])
+    wd.disarm()
+    _stop(p)
+
+
+def test_forked_child_inherits_an_inert_watchdog() -> None:
+    p = _start("fork", serve_forever)
+    rec = Recorder()
+    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    pid = os.fork()
+    if pid == 0:  # child: the inherited watchdog must not act, even when armed again
+        code = 0
+        try:
+            code |= 1 if wd.armed else 0
+            wd.arm()
+            code |= 2 if wd.armed else 0
+            code |= 4 if any("healthkit" in t.name for t in threading.enumerate()) else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert wd.armed
+    wd.disarm()
+    _stop(p)
+
+
+def test_bad_arguments_are_rejected_with_clear_errors() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        hk.DisarmableWatchdog(mode="poll")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="clean_exit_policy"):
+        hk.DisarmableWatchdog(clean_exit_policy="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sidecar"):
+        hk.DisarmableWatchdog(mode="sidecar", actions=[hk.call(print)])  # type: ignore[arg-type]
+    with pytest.raises(hk.InvalidTimeoutError):
+        hk.DisarmableWatchdog(kill_grace=-1)
+    with pytest.raises(hk.ProcessNotStartedError):
+        hk.DisarmableWatchdog([mp.get_context("fork").Process(target=serve_forever)])
+
+
+# --------------------------------------------------------------------------- whole processes
+def run_owner(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[
+    subprocess.CompletedProcess[str], list[int]
+]:
+    proc = subprocess.run(
+        [sys.executable, OWNER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    pids = _ready_pids(proc.stdout)
+    _reap_strays(pids)
+    return proc, pids
+
+
+def _ready_pids(stdout: str) -> list[int]:
+    for line in stdout.splitlines():
+        if line.startswith("READY"):
+            return [int(x) for x in line.split()[1:] if x != "0"]
+    return []
+
+
+def _reap_strays(pids: list[int]) -> list[int]:
+    """Kill what the owner left behind (it is not our child: wait through a pidfd)."""
+    strays = []
+    for pid in pids:
+        try:
+            w = hk.ProcessWatch(pid)
+        except hk.NoSuchProcessError:
+            continue
+        with w:
+            if w.wait(5) is None:
+                strays.append(pid)
+                w.kill()
+                w.wait(10)
+    return strays
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_normal_interpreter_exit_with_daemon_children_is_silent(
+    mode: str, start_method: str
+) -> None:
+    for _ in range(3):
+        proc, _ = run_owner("clean-exit", "--mode", mode, "--start-method", start_method)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+
+
+@pytest.mark.timeout(300)
+def test_normal_interpreter_exit_is_silent_many_times() -> None:
+    for _ in range(20):
+        proc, _ = run_owner("clean-exit")
+        assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_log_to_stderr_after_arming_does_not_reorder_the_disarm(mode: str) -> None:
+    for _ in range(5):
+        proc, _ = run_owner("clean-exit", "--log-to-stderr", "--mode", mode)
+        assert proc.returncode == 0, proc.stderr
+        assert "calling terminate() for daemon helper-0" in proc.stderr
+        assert "healthkit" not in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_helper_killed_ends_the_owner_with_the_diagnosis_and_error_file(
+    mode: str, tmp_path: Path
+) -> None:
+    err = tmp_path / "error.json"
+    proc, pids = run_owner(
+        "kill-helper", "--mode", mode, env={"TORCHELASTIC_ERROR_FILE": str(err)}
+    )
+    assert "NOT REACHED" not in proc.stdout
+    helper = pids[0]
+    line = f"helper-0 (pid {helper}) was killed by SIGKILL"
+    assert line in proc.stderr
+    if mode == "thread":
+        assert proc.returncode == 1
+    else:
+        assert proc.returncode == -signal.SIGTERM  # the sidecar stops the owner
+    payload = json.loads(err.read_text())
+    assert line in payload["message"]["message"]
+    assert line in payload["message"]["extraInfo"]["py_callstack"]
+    assert payload["message"]["extraInfo"]["timestamp"].isdigit()
+
+
+def test_the_other_helpers_are_not_orphaned_when_the_watchdog_exits() -> None:
+    proc, pids = run_owner("kill-helper", "--helpers", "3")
+    assert proc.returncode == 1
+    assert _reap_strays(pids) == []
+
+
+def test_disarm_then_kill_survives() -> None:
+    proc, _ = run_owner("disarm-then-kill")
+    assert proc.returncode == 0, proc.stderr
+    assert "SURVIVED" in proc.stdout and proc.stderr == ""
+
+
+def test_early_exit_0_fails_the_owner_by_default() -> None:
+    proc, _ = run_owner("early-exit-0", "--helpers", "1")
+    assert proc.returncode == 1
+    assert "exited with code 0 while it was expected to run until disarmed" in proc.stderr
+
+
+def test_early_exit_0_under_warn_policy_keeps_the_owner_running() -> None:
+    proc, _ = run_owner("early-exit-0", "--helpers", "1", "--policy", "warn")
+    assert proc.returncode == 0
+    assert "SURVIVED" in proc.stdout
+    assert "although it was declared to run until disarmed" in proc.stderr
+
+
+def _start_owner(*args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    owner = subprocess.Popen(
+        [sys.executable, OWNER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    pids = [int(x) for x in owner.stdout.readline().split()[1:] if x != "0"]
+    return owner, pids
+
+
+def _finish(owner: subprocess.Popen[str], pids: list[int]) -> tuple[str, list[int]]:
+    """Wait for the owner, clean up what it left, then read its stderr.
+
+    Orphans of an owner that died abruptly keep its pipes open, so they go first.
+    """
+    owner.wait(60)
+    strays = _reap_strays(pids)
+    _, stderr = owner.communicate(timeout=30)
+    return stderr, strays
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_keyboard_interrupt_in_the_owner_is_not_a_helper_failure(mode: str) -> None:
+    owner, pids = _start_owner("sleep", "--mode", mode)
+    owner.send_signal(signal.SIGINT)
+    stderr, strays = _finish(owner, pids)
+    assert "KeyboardInterrupt" in stderr
+    assert "healthkit" not in stderr
+    assert strays == []  # multiprocessing's exit hook stopped the helpers
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_sigterm_of_the_owner_by_a_launcher_is_not_a_helper_failure(mode: str) -> None:
+    # With a handler that exits (a common pattern), teardown runs through the disarm hook.
+    owner, pids = _start_owner("sleep", "--mode", mode, "--sigterm-exits")
+    owner.send_signal(signal.SIGTERM)
+    stderr, strays = _finish(owner, pids)
+    assert owner.returncode == 143
+    assert "healthkit" not in stderr
+    assert strays == []
+    # Without a handler the owner dies at once: nothing of ours runs, nothing is printed
+    # (its daemon helpers are orphaned, as SIGTERM does to any process; cleaned up here).
+    owner, pids = _start_owner("sleep", "--mode", mode)
+    owner.send_signal(signal.SIGTERM)
+    stderr, _ = _finish(owner, pids)
+    assert owner.returncode == -signal.SIGTERM
+    assert "healthkit" not in stderr
+
+
+# --------------------------------------------------------------------------- the GIL case
+@pytest.mark.timeout(120)
+def test_thread_mode_cannot_fire_while_the_owner_holds_the_gil() -> None:
+    owner, pids = _start_owner("kill-helper", "--gil-held-sleep", "8")
+    try:
+        # The helper is dead at once, but the owner's thread cannot run for 8 s.
+        time.sleep(3)
+        assert owner.poll() is None
+    finally:
+        stderr, _ = _finish(owner, pids)
+    assert owner.returncode == 1
+    assert "killed by SIGKILL" in stderr
+
+
+@pytest.mark.timeout(120)
+def test_sidecar_fires_while_the_owner_holds_the_gil(tmp_path: Path) -> None:
+    err = tmp_path / "error.json"
+    start = time.monotonic()
+    proc, pids = run_owner(
+        "kill-helper",
+        "--mode",
+        "sidecar",
+        "--gil-held-sleep",
+        "60",
+        env={"TORCHELASTIC_ERROR_FILE": str(err)},
+        timeout=90,
+    )
+    assert time.monotonic() - start < 45  # far less than the 60 s GIL-held call
+    assert proc.returncode == -signal.SIGTERM
+    assert "GIL RELEASED" not in proc.stdout
+    assert "healthkit sidecar" in proc.stderr and "killed by SIGKILL" in proc.stderr
+    assert "stopping the owner" in proc.stderr
+    assert "killed by SIGKILL" in json.loads(err.read_text())["message"]["message"]
+
+
+def test_sidecar_exits_by_itself_when_its_owner_dies() -> None:
+    owner, pids = _start_owner("sleep", "--mode", "sidecar")
+    sidecar = pids[-1]
+    with hk.ProcessWatch(sidecar) as w:
+        owner.kill()
+        owner.wait(30)
+        assert w.wait(20) is not None
+    _finish(owner, pids)
+
+
+def test_sidecar_disarmed_over_its_pipe_exits_cleanly() -> None:
+    proc, pids = run_owner("disarm-then-kill", "--mode", "sidecar")
+    assert proc.returncode == 0, proc.stderr
+    assert "SURVIVED" in proc.stdout and proc.stderr == ""

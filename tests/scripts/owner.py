@@ -1,0 +1,82 @@
+"""A process that owns helper processes under a DisarmableWatchdog, driven by the tests.
+
+Prints one line "READY <helper pids> <sidecar pid or 0>" once armed, then plays a scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+
+import healthkit as hk
+
+
+def serve_forever() -> None:
+    time.sleep(600)
+
+
+def return_early() -> None:
+    time.sleep(0.3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario")
+    ap.add_argument("--mode", default="thread")
+    ap.add_argument("--start-method", default="fork")
+    ap.add_argument("--helpers", type=int, default=2)
+    ap.add_argument("--log-to-stderr", action="store_true")
+    ap.add_argument("--gil-held-sleep", type=float, default=0.0)
+    ap.add_argument("--policy", default="fail")
+    ap.add_argument("--sigterm-exits", action="store_true")
+    args = ap.parse_args()
+
+    if args.sigterm_exits:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ctx = mp.get_context(args.start_method)
+    target = return_early if args.scenario == "early-exit-0" else serve_forever
+    helpers = [
+        ctx.Process(target=target, name=f"helper-{i}", daemon=True) for i in range(args.helpers)
+    ]
+    for p in helpers:
+        p.start()
+    wd = hk.DisarmableWatchdog(helpers, mode=args.mode, clean_exit_policy=args.policy)
+    wd.arm()
+    wd.arm()  # idempotent
+    if args.log_to_stderr:
+        mp.log_to_stderr(20)  # INFO; re-registers multiprocessing's exit hook after arming
+    sidecar = wd._sidecar.pid if wd._sidecar is not None else 0
+    print("READY", " ".join(str(p.pid) for p in helpers), sidecar, flush=True)
+
+    if args.scenario == "clean-exit":
+        time.sleep(0.05)
+        return
+    if args.scenario == "kill-helper":
+        os.kill(helpers[0].pid, signal.SIGKILL)
+    elif args.scenario == "disarm-then-kill":
+        wd.disarm()
+        os.kill(helpers[0].pid, signal.SIGKILL)
+        helpers[0].join()
+        time.sleep(0.3)
+        print("SURVIVED", flush=True)
+        return
+    elif args.scenario == "early-exit-0":
+        time.sleep(2)
+        print("SURVIVED", flush=True)
+        return
+    if args.gil_held_sleep:
+        # libc sleep() through PyDLL keeps the GIL for its whole duration, like a native
+        # client call blocked against a dead server.
+        ctypes.PyDLL(None).sleep(int(args.gil_held_sleep))
+        print("GIL RELEASED", flush=True)
+    time.sleep(60)
+    print("NOT REACHED", flush=True)
+
+
+if __name__ == "__main__":
+    main()
