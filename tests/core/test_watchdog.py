@@ -479,7 +479,7 @@ def test_thread_mode_cannot_fire_while_the_owner_holds_the_gil() -> None:
 def test_sidecar_fires_while_the_owner_holds_the_gil(tmp_path: Path) -> None:
     err = tmp_path / "error.json"
     start = time.monotonic()
-    proc, pids = run_owner(
+    proc, _pids = run_owner(
         "kill-helper",
         "--mode",
         "sidecar",
@@ -507,6 +507,6 @@ def test_sidecar_exits_by_itself_when_its_owner_dies() -> None:
 
 
 def test_sidecar_disarmed_over_its_pipe_exits_cleanly() -> None:
-    proc, pids = run_owner("disarm-then-kill", "--mode", "sidecar")
+    proc, _pids = run_owner("disarm-then-kill", "--mode", "sidecar")
     assert proc.returncode == 0, proc.stderr
     assert "SURVIVED" in proc.stdout and proc.stderr == ""
