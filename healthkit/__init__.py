@@ -13,6 +13,13 @@ from healthkit._actions import (
     raise_in_main_thread,
     write_torchelastic_error_file,
 )
+from healthkit._barrier import (
+    BarrierBrokenError,
+    BarrierTimeoutError,
+    BoundedBarrier,
+    PartyReport,
+)
+from healthkit._bounds import EnvBound, EnvValueWarning, env_seconds, init_bound_from_env
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
     HealthkitError,
@@ -23,12 +30,23 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
+from healthkit._stacks import dump_stack, enable_stack_dumps
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BarrierBrokenError",
+    "BarrierTimeoutError",
+    "BoundedBarrier",
+    "EnvBound",
+    "EnvValueWarning",
+    "PartyReport",
+    "dump_stack",
+    "enable_stack_dumps",
+    "env_seconds",
+    "init_bound_from_env",
     "Action",
     "DisarmableWatchdog",
     "FailureEvent",

@@ -1,0 +1,450 @@
+"""BoundedBarrier: a parent + N workers rendezvous that always ends, fails at the first death,
+and says where every party is.
+
+Why not ``Barrier.wait(timeout)``: a party SIGKILLed while holding the barrier's internal
+lock (or while counted as a sleeper of its condition) wedges every later ``wait`` and
+``abort`` *before* their timeout starts counting. So no barrier call here ever runs on the
+caller's thread: the parent's own ``wait()`` runs in a daemon thread that reports through a
+pipe, and the caller blocks on that pipe, the workers' pidfds and the deadline at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import selectors
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, Literal
+
+import attrs
+
+from healthkit._bounds import EnvBound
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._errors import HealthkitError, NoSuchProcessError, check_timeout
+from healthkit._stacks import dump_stack, enable_stack_dumps
+from healthkit._watch import ProcessWatch, read_proc_stat
+
+__all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
+
+PartyState = Literal["arrived", "dead", "not arrived"]
+
+
+@attrs.frozen
+class PartyReport:
+    """One worker's state when the barrier failed."""
+
+    rank: int
+    name: str
+    pid: int | None
+    state: PartyState
+    arrived: bool
+    diagnosis: Diagnosis | None = None
+    stack: str | None = None
+
+
+class BarrierBrokenError(HealthkitError, RuntimeError):
+    """The rendezvous failed. Catch this for every failure of a :class:`BoundedBarrier`.
+
+    Raised as is when a party died (or the barrier was broken by a party); raised as its
+    subclass :class:`BarrierTimeoutError` when the bound expired with every party alive.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        barrier_name: str,
+        elapsed: float,
+        bound: float | None,
+        parties: tuple[PartyReport, ...] = (),
+        env_var: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.barrier_name = barrier_name
+        self.elapsed = elapsed
+        self.bound = bound
+        self.parties = parties
+        self.env_var = env_var
+
+    @property
+    def dead(self) -> tuple[PartyReport, ...]:
+        return tuple(p for p in self.parties if p.state == "dead")
+
+    @property
+    def not_arrived(self) -> tuple[PartyReport, ...]:
+        return tuple(p for p in self.parties if p.state == "not arrived")
+
+    @property
+    def exit_codes(self) -> dict[int, int | None]:
+        """``rank -> exitcode`` of the dead workers (GiGL's format)."""
+        return {p.rank: p.diagnosis.exit_code if p.diagnosis else None for p in self.dead}
+
+
+class BarrierTimeoutError(BarrierBrokenError, TimeoutError):
+    """The bound expired and no party had died: at least one is stuck (see its stack)."""
+
+
+@attrs.frozen
+class _Outcome:
+    kind: Literal["passed", "broken", "died", "deadline", "parent died"]
+    error: BaseException | None = None
+
+
+def _race(
+    call: Callable[[], object],
+    watches: Sequence[ProcessWatch],
+    deadline: float | None,
+    thread_name: str,
+) -> tuple[_Outcome, threading.Thread]:
+    """Run ``call`` in a daemon thread; return when it ends, a watch ends, or the deadline.
+
+    The thread may stay blocked (that is the point); the caller decides what to do with it.
+    """
+    r, w = os.pipe()
+    result: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            result.append(None)
+        except BaseException as e:
+            result.append(e)
+        finally:
+            try:
+                os.write(w, b"x")
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=run, name=thread_name, daemon=True)
+    thread.start()
+    sel = selectors.DefaultSelector()
+    sel.register(r, selectors.EVENT_READ, None)
+    for watch in watches:
+        sel.register(watch.fileno(), selectors.EVENT_READ, watch)
+    try:
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return _Outcome("deadline"), thread
+            events = sel.select(remaining)
+            if any(key.data is None for key, _ in events):
+                err = result[0]
+                if err is None:
+                    return _Outcome("passed"), thread
+                return _Outcome("broken", err), thread
+            if any(key.data.poll() is not None for key, _ in events):
+                return _Outcome("died"), thread
+    finally:
+        sel.close()
+        os.close(r)
+        if thread.is_alive():
+            # The write end stays with the thread until it ends (it may never).
+            threading.Thread(target=_close_when_done, args=(thread, w), daemon=True).start()
+        else:
+            os.close(w)
+
+
+def _close_when_done(thread: threading.Thread, fd: int) -> None:
+    thread.join()
+    os.close(fd)
+
+
+class BoundedBarrier:
+    """A rendezvous of ``parties`` worker processes and their parent that ends in bounded
+    time, always. Create it in the parent, pass it to the workers (it pickles), then:
+
+    - each worker calls :meth:`enable_stack_dumps` early and :meth:`worker_wait` at the
+      rendezvous, inside ``try``/``finally`` so a broken barrier is an orderly exit;
+    - the parent calls :meth:`wait` with the worker processes.
+    """
+
+    def __init__(
+        self,
+        parties: int,
+        *,
+        timeout: float | EnvBound,
+        ctx: BaseContext | None = None,
+        name: str = "init barrier",
+        worker_label: str = "worker",
+        hint: str = "",
+        barrier: Any = None,
+        abort_grace: float = 1.0,
+    ) -> None:
+        if isinstance(parties, bool) or not isinstance(parties, int) or parties < 0:
+            raise ValueError(
+                f"parties must be the number of worker processes (>= 0), got {parties!r}"
+            )
+        self.env_bound = timeout if isinstance(timeout, EnvBound) else None
+        seconds = timeout.seconds if isinstance(timeout, EnvBound) else timeout
+        self.timeout: float = check_timeout(seconds, "timeout", allow_none=False)  # type: ignore[assignment]
+        self.abort_grace: float = check_timeout(abort_grace, "abort_grace", allow_none=False)  # type: ignore[assignment]
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self.parties = parties
+        self.name = name
+        self.worker_label = worker_label
+        self.hint = hint
+        self._barrier: Any = barrier if barrier is not None else ctx.Barrier(parties + 1)
+        if self._barrier.parties != parties + 1:
+            raise ValueError(
+                f"the barrier has {self._barrier.parties} parties; it needs {parties + 1} "
+                f"({parties} workers + the parent)"
+            )
+        self._arrived = ctx.RawArray("b", max(parties, 1))
+        self._stack_dir = tempfile.mkdtemp(prefix="healthkit-stacks-")
+        self._parent_pid = os.getpid()
+        stat = read_proc_stat(self._parent_pid)
+        self._parent_start_time = stat.start_time if stat else None
+        self._owner = True
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_owner"] = False
+        return state
+
+    @property
+    def barrier(self) -> Any:
+        """The wrapped ``multiprocessing`` barrier (``parties + 1`` parties)."""
+        return self._barrier
+
+    # ------------------------------------------------------------------ worker side
+    def enable_stack_dumps(self) -> None:
+        """Let the parent read this worker's stacks if it never arrives. Call it early."""
+        enable_stack_dumps(self._stack_dir)
+
+    def worker_wait(self, rank: int, timeout: float | None = None) -> None:
+        """Wait at the barrier from worker ``rank``.
+
+        Raises :class:`BarrierBrokenError` when the parent broke the barrier (a party died
+        or the bound passed), when the parent died, or after ``timeout`` (default: the
+        barrier's bound plus a margin, so the parent normally reports first). Run the
+        worker's teardown in ``finally``.
+        """
+        if not 0 <= rank < self.parties:
+            raise ValueError(f"rank must be in [0, {self.parties}), got {rank}")
+        bound = check_timeout(timeout, "timeout")
+        bound = self.timeout + 30.0 if bound is None else bound
+        self._arrived[rank] = 1
+        start = time.monotonic()
+        try:
+            parent = ProcessWatch(self._parent_pid, name="parent")
+        except NoSuchProcessError:
+            raise self._worker_error(rank, "its parent is gone", start) from None
+        stat = read_proc_stat(self._parent_pid)
+        if stat is None or stat.start_time != self._parent_start_time:
+            parent.close()  # the pid now names another process
+            raise self._worker_error(rank, "its parent is gone", start)
+        watches = [parent]
+        try:
+            outcome, _ = _race(
+                self._barrier.wait, watches, start + bound, f"{self.name} (worker {rank})"
+            )
+        finally:
+            for watch in watches:
+                watch.close()
+        if outcome.kind == "passed":
+            return
+        reason = {
+            "broken": "the barrier was broken (the parent gave up: another party died or "
+            "the bound passed)",
+            "died": "its parent died",
+            "deadline": f"it waited {bound:g}s without the others arriving",
+        }[outcome.kind]
+        raise self._worker_error(rank, reason, start)
+
+    def _worker_error(self, rank: int, reason: str, start: float) -> BarrierBrokenError:
+        return BarrierBrokenError(
+            f"{self.name}: {self.worker_label} {rank} stops waiting: {reason}",
+            barrier_name=self.name,
+            elapsed=time.monotonic() - start,
+            bound=self.timeout,
+        )
+
+    # ------------------------------------------------------------------ parent side
+    def wait(
+        self,
+        workers: Sequence[BaseProcess | ProcessWatch],
+        *,
+        on_failure: Callable[[BarrierBrokenError], None] | None = None,
+        diagnoser: ExitDiagnoser | None = None,
+    ) -> None:
+        """Wait as the parent party until every worker arrived; else raise, in bounded time.
+
+        On failure: diagnose first (dead workers' exit status, stacks of live workers that
+        never arrived), then break the barrier so surviving workers stop waiting, then run
+        ``on_failure`` (your teardown), then raise :class:`BarrierBrokenError` (or
+        :class:`BarrierTimeoutError` if the bound expired with everyone alive).
+        """
+        if not self._owner or os.getpid() != self._parent_pid:
+            raise RuntimeError("BoundedBarrier.wait() is for the process that created it")
+        if len(workers) != self.parties:
+            raise ValueError(f"expected {self.parties} workers, got {len(workers)}")
+        start = time.monotonic()
+        owned = [not isinstance(w, ProcessWatch) for w in workers]
+        watches = [
+            w if isinstance(w, ProcessWatch) else ProcessWatch(w, name=f"{self.worker_label} {i}")
+            for i, w in enumerate(workers)
+        ]
+        try:
+            outcome, party_thread = _race(
+                self._barrier.wait, watches, start + self.timeout, f"{self.name} (parent)"
+            )
+            if outcome.kind == "passed":
+                party_thread.join()
+                return
+            elapsed = time.monotonic() - start
+            error = self._diagnose(outcome, watches, elapsed, diagnoser or ExitDiagnoser())
+            abort_thread = self._break_for_survivors()
+            if on_failure is not None:
+                on_failure(error)
+            self._unstick([party_thread, abort_thread], watches)
+            raise error
+        finally:
+            for watch, own in zip(watches, owned, strict=True):
+                if own:
+                    watch.close()
+
+    def close(self) -> None:
+        """Remove the stack-dump directory (the parent calls this when done)."""
+        if self._owner:
+            shutil.rmtree(self._stack_dir, ignore_errors=True)
+
+    def _diagnose(
+        self,
+        outcome: _Outcome,
+        watches: Sequence[ProcessWatch],
+        elapsed: float,
+        diagnoser: ExitDiagnoser,
+    ) -> BarrierBrokenError:
+        reports = []
+        for rank, watch in enumerate(watches):
+            arrived = bool(self._arrived[rank])
+            status = watch.poll()
+            if status is not None:
+                reports.append(
+                    PartyReport(rank, watch.name, watch.pid, "dead", arrived,
+                                diagnoser.diagnose(watch))
+                )
+            elif arrived:
+                reports.append(PartyReport(rank, watch.name, watch.pid, "arrived", True))
+            else:
+                stack = dump_stack(self._stack_dir, watch.pid)
+                reports.append(
+                    PartyReport(rank, watch.name, watch.pid, "not arrived", False, stack=stack)
+                )
+        parties = tuple(reports)
+        message = self._message(outcome, parties, elapsed)
+        cls = (
+            BarrierTimeoutError
+            if outcome.kind == "deadline" and not any(p.state == "dead" for p in parties)
+            else BarrierBrokenError
+        )
+        return cls(
+            message,
+            barrier_name=self.name,
+            elapsed=elapsed,
+            bound=self.timeout,
+            parties=parties,
+            env_var=self.env_bound.env_var if self.env_bound else None,
+        )
+
+    def _message(
+        self, outcome: _Outcome, parties: tuple[PartyReport, ...], elapsed: float
+    ) -> str:
+        label = self.worker_label
+        dead = [p for p in parties if p.state == "dead"]
+        stuck = [p for p in parties if p.state == "not arrived"]
+        arrived = [p.rank for p in parties if p.state == "arrived"]
+        bound = self.env_bound.describe() if self.env_bound else f"{self.timeout:g}s"
+        if dead:
+            first = min(dead, key=lambda p: p.diagnosis.observed_at if p.diagnosis else 0)
+            head = (
+                f"{self.name} failed after {elapsed:.2f}s (bound {bound}): "
+                f"{label} {first.rank} died before all {label}s arrived"
+            )
+        elif outcome.kind == "deadline":
+            head = (
+                f"{self.name} timed out after {elapsed:.2f}s (bound {bound}): "
+                f"{len(stuck)} {label}(s) still running never arrived"
+            )
+        else:
+            head = f"{self.name} was broken after {elapsed:.2f}s (bound {bound}): {outcome.error!r}"
+        lines = [head]
+        if dead:
+            codes = {p.rank: p.diagnosis.exit_code if p.diagnosis else None for p in dead}
+            lines.append(f"  dead {label}s (rank -> exitcode): {codes}")
+            for p in dead:
+                lines.append(f"  - {p.diagnosis}" + (" (after arriving)" if p.arrived else ""))
+        if stuck:
+            ranks = ", ".join(f"{p.rank} (pid {p.pid})" for p in stuck)
+            lines.append(f"  still running, never arrived: {label} {ranks}; stacks below")
+        if arrived:
+            lines.append(f"  arrived: {label}s {arrived}")
+        if dead:
+            lines.append(
+                "What to do: fix what killed the dead worker (its diagnosis above)."
+                + (f" {self.hint}" if self.hint else "")
+            )
+        else:
+            knob = (
+                f"raise {self.env_bound.env_var} (this bound is {self.env_bound.describe()})"
+                if self.env_bound
+                else "raise the barrier's timeout"
+            )
+            lines.append(
+                f"What to do: the stacks below show where each {label} is stuck; if its "
+                f"start-up is legitimately slower than this, {knob}."
+                + (f" {self.hint}" if self.hint else "")
+            )
+        for p in stuck:
+            lines.append(f"--- stack of {p.name} (pid {p.pid}) ---")
+            no_stack = "(no stack: it had not called enable_stack_dumps() yet, or did not answer)"
+            lines.append((p.stack or no_stack).rstrip())
+        return "\n".join(lines)
+
+    def _break_for_survivors(self) -> threading.Thread:
+        """``abort()`` the barrier so workers still waiting get BrokenBarrierError.
+
+        Runs in a daemon thread bounded by ``abort_grace``: a dead party can leave the
+        barrier's lock or its condition's counters such that ``abort()`` blocks too.
+        """
+        t = threading.Thread(target=self._abort_quietly, name=f"{self.name} (abort)", daemon=True)
+        t.start()
+        t.join(self.abort_grace)
+        return t
+
+    def _abort_quietly(self) -> None:
+        try:
+            self._barrier.abort()
+        except Exception:
+            pass
+
+    def _unstick(self, threads: list[threading.Thread], watches: Sequence[ProcessWatch]) -> None:
+        """Free our own threads still blocked on a barrier that a dead party wedged.
+
+        Only once every worker is gone (normally after the teardown hook): with nobody
+        else using the barrier, posting its semaphores cannot hurt anyone, and it lets our
+        blocked threads finish instead of leaking. The barrier is unusable afterwards.
+        """
+        threads = [t for t in threads if t.is_alive()]
+        if not threads or any(w.poll() is None for w in watches):
+            return
+        cond = self._barrier._cond
+        sems = [cond._lock, cond._woken_count, cond._wait_semaphore]
+        libc = ctypes.CDLL(None, use_errno=True)
+        deadline = time.monotonic() + 5.0
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            for sem in sems:
+                semlock = sem._semlock
+                if semlock._get_value() == 0:
+                    libc.sem_post(ctypes.c_void_p(semlock.handle))
+            for t in threads:
+                t.join(0.02)
+
