@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import select
 import selectors
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from healthkit._watch import ProcessWatch, read_proc_stat
 __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
 
 PartyState = Literal["arrived", "dead", "not arrived"]
+_ARRIVED, _PASSED = 1, 2  # per-worker flags in shared memory, written by the worker
 
 
 @attrs.frozen
@@ -102,10 +104,14 @@ def _race(
     watches: Sequence[ProcessWatch],
     deadline: float | None,
     thread_name: str,
+    settle: Callable[[ProcessWatch], float] | None = None,
 ) -> tuple[_Outcome, threading.Thread]:
     """Run ``call`` in a daemon thread; return when it ends, a watch ends, or the deadline.
 
-    The thread may stay blocked (that is the point); the caller decides what to do with it.
+    ``settle(watch)`` says how long a death may still be followed by ``call`` succeeding
+    (a worker that passed the barrier may exit before our thread is scheduled): ``0`` fails
+    at once, ``inf`` ignores that death. The thread may stay blocked (that is the point);
+    the caller decides what to do with it.
     """
     r, w = os.pipe()
     result: list[BaseException | None] = []
@@ -122,6 +128,10 @@ def _race(
             except OSError:
                 pass
 
+    def finished() -> _Outcome:
+        err = result[0]
+        return _Outcome("passed") if err is None else _Outcome("broken", err)
+
     thread = threading.Thread(target=run, name=thread_name, daemon=True)
     thread.start()
     sel = selectors.DefaultSelector()
@@ -135,11 +145,19 @@ def _race(
                 return _Outcome("deadline"), thread
             events = sel.select(remaining)
             if any(key.data is None for key, _ in events):
-                err = result[0]
-                if err is None:
-                    return _Outcome("passed"), thread
-                return _Outcome("broken", err), thread
-            if any(key.data.poll() is not None for key, _ in events):
+                return finished(), thread
+            grace, failing = 0.0, False
+            for key, _ in events:
+                if key.data.poll() is None:
+                    continue
+                wait = settle(key.data) if settle is not None else 0.0
+                if wait == float("inf"):
+                    sel.unregister(key.fileobj)
+                    continue
+                grace, failing = max(grace, wait), True
+            if failing:
+                if grace > 0 and select.select([r], [], [], grace)[0]:
+                    return finished(), thread
                 return _Outcome("died"), thread
     finally:
         sel.close()
@@ -231,7 +249,7 @@ class BoundedBarrier:
             raise ValueError(f"rank must be in [0, {self.parties}), got {rank}")
         bound = check_timeout(timeout, "timeout")
         bound = self.timeout + 30.0 if bound is None else bound
-        self._arrived[rank] = 1
+        self._arrived[rank] = _ARRIVED
         start = time.monotonic()
         try:
             parent = ProcessWatch(self._parent_pid, name="parent")
@@ -250,6 +268,7 @@ class BoundedBarrier:
             for watch in watches:
                 watch.close()
         if outcome.kind == "passed":
+            self._arrived[rank] = _PASSED
             return
         reason = {
             "broken": "the barrier was broken (the parent gave up: another party died or "
@@ -292,9 +311,14 @@ class BoundedBarrier:
             w if isinstance(w, ProcessWatch) else ProcessWatch(w, name=f"{self.worker_label} {i}")
             for i, w in enumerate(workers)
         ]
+        self._ranks = {id(w): i for i, w in enumerate(watches)}
         try:
             outcome, party_thread = _race(
-                self._barrier.wait, watches, start + self.timeout, f"{self.name} (parent)"
+                self._barrier.wait,
+                watches,
+                start + self.timeout,
+                f"{self.name} (parent)",
+                settle=self._settle,
             )
             if outcome.kind == "passed":
                 party_thread.join()
@@ -310,6 +334,15 @@ class BoundedBarrier:
             for watch, own in zip(watches, owned, strict=True):
                 if own:
                     watch.close()
+
+    def _settle(self, watch: ProcessWatch) -> float:
+        """How long a worker's death may still precede the barrier passing (see _race)."""
+        flag = self._arrived[self._ranks[id(watch)]]
+        if flag == _PASSED:
+            return float("inf")  # it went through: the barrier completed
+        if flag == _ARRIVED:
+            return self.abort_grace  # it may have passed just before marking it
+        return 0.0
 
     def close(self) -> None:
         """Remove the stack-dump directory (the parent calls this when done)."""
@@ -439,12 +472,10 @@ class BoundedBarrier:
         cond = self._barrier._cond
         sems = [cond._lock, cond._woken_count, cond._wait_semaphore]
         libc = ctypes.CDLL(None, use_errno=True)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 10.0
         while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            for sem in sems:
-                semlock = sem._semlock
-                if semlock._get_value() == 0:
-                    libc.sem_post(ctypes.c_void_p(semlock.handle))
+            for sem in sems:  # whatever each thread is blocked on, let it through
+                libc.sem_post(ctypes.c_void_p(sem._semlock.handle))
             for t in threads:
                 t.join(0.02)
 

@@ -4,7 +4,9 @@ file descriptor may outlive it (tests that start processes must end them, by pid
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import traceback
 import time
 from collections.abc import Iterator
 
@@ -52,6 +54,18 @@ def _is_singleton(pid: int) -> bool:
     return any(s in cmd for s in _SINGLETONS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _multiprocessing_heap() -> None:
+    """Allocate multiprocessing's process-wide shared-memory heap once, up front.
+
+    Its arena keeps one fd open for the life of the process; created inside a test it
+    would look like that test's leak.
+    """
+    import multiprocessing
+
+    multiprocessing.get_context("spawn").RawArray("b", 1)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test if it leaves a child process, a zombie, a thread or an fd behind."""
@@ -81,7 +95,16 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             except (ProcessLookupError, ChildProcessError):
                 pass
     if threads:
-        problems.append("threads left: " + ", ".join(t.name for t in threads))
+        frames = sys._current_frames()
+        problems.append(
+            "threads left: "
+            + "; ".join(
+                f"{t.name} at {''.join(traceback.format_stack(frames[t.ident])[-3:]).strip()}"
+                if t.ident in frames
+                else t.name
+                for t in threads
+            )
+        )
     if fds:
         problems.append(f"file descriptors left: {sorted(fds)}")
     if problems:

@@ -1,0 +1,292 @@
+"""BoundedBarrier: the rendezvous always ends, fails on the first death, names every party."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import pytest
+
+import healthkit as hk
+
+ORDERLY_EXIT = 7  # a worker released by a broken barrier exits through its finally
+
+
+def stuck_in_rpc_init() -> None:
+    time.sleep(600)
+
+
+def worker(rank: int, bb: hk.BoundedBarrier, behaviour: dict[int, str]) -> None:
+    bb.enable_stack_dumps()
+    what = behaviour.get(rank, "arrive")
+    try:
+        if what == "exit1":
+            sys.exit(1)
+        if what == "raise":
+            raise RuntimeError("init_rpc gather lost")
+        if what == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if what == "hang":
+            stuck_in_rpc_init()
+        if what == "die-holding-lock":
+            bb.barrier._cond.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if what == "late":
+            time.sleep(0.5)
+        bb.worker_wait(rank)
+    except hk.BarrierBrokenError:
+        sys.exit(ORDERLY_EXIT)
+
+
+def start_workers(
+    n: int, behaviour: dict[int, str], *, timeout: float = 60.0, method: str = "spawn", **kw: object
+) -> tuple[hk.BoundedBarrier, list[BaseProcess]]:
+    ctx = mp.get_context(method)
+    bb = hk.BoundedBarrier(n, timeout=timeout, ctx=ctx, name="sampling init barrier", **kw)  # type: ignore[arg-type]
+    procs: list[BaseProcess] = [
+        ctx.Process(target=worker, args=(i, bb, behaviour), daemon=True)  # type: ignore[attr-defined]
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    return bb, procs
+
+
+def teardown(procs: list[BaseProcess]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def finish(bb: hk.BoundedBarrier, procs: list[BaseProcess]) -> None:
+    teardown(procs)
+    for p in procs:
+        p.close()
+    bb.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_all_parties_arrive_and_pass(method: str) -> None:
+    bb, procs = start_workers(3, {1: "late"}, method=method)
+    bb.wait(procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    finish(bb, procs)
+
+
+def test_a_barrier_of_the_parent_alone_passes() -> None:
+    bb = hk.BoundedBarrier(0, timeout=5)
+    bb.wait([])
+    bb.close()
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "code", "cause"),
+    [
+        ("exit1", 1, hk.Cause.ERROR_EXIT),
+        ("raise", 1, hk.Cause.ERROR_EXIT),
+        ("sigkill", -9, hk.Cause.SIGKILL_UNCONFIRMED),
+    ],
+)
+def test_a_worker_dying_early_fails_fast_and_is_named(
+    behaviour: str, code: int, cause: hk.Cause
+) -> None:
+    bound = 120.0
+    bb, procs = start_workers(3, {1: behaviour}, timeout=bound)
+    start = time.monotonic()
+    with pytest.raises(hk.BarrierBrokenError) as info:
+        bb.wait(procs, on_failure=lambda err: teardown(procs))
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert not isinstance(err, hk.BarrierTimeoutError)
+    assert elapsed < bound / 4  # it did not wait for the bound
+    assert err.exit_codes == {1: code}
+    assert re.search(rf"rank -> exitcode.*\{{1: {code}\}}", str(err))
+    (dead,) = err.dead
+    assert dead.diagnosis is not None and dead.diagnosis.cause in (cause, hk.Cause.OOM_KILLED)
+    assert dead.pid == procs[1].pid
+    assert str(dead.diagnosis) in str(err)
+    assert err.barrier_name == "sampling init barrier" and err.bound == bound
+    finish(bb, procs)
+
+
+def test_survivors_waiting_at_the_barrier_are_released_in_order() -> None:
+    bb, procs = start_workers(3, {1: "sigkill"})
+    time.sleep(3)  # let workers 0 and 2 reach the barrier first
+    with pytest.raises(hk.BarrierBrokenError) as info:
+        bb.wait(procs)
+    for rank in (0, 2):
+        procs[rank].join(30)
+        assert procs[rank].exitcode == ORDERLY_EXIT
+    assert {p.rank for p in info.value.parties if p.state == "arrived"} <= {0, 2}
+    finish(bb, procs)
+
+
+def test_gigl_single_worker_exit_code_format() -> None:
+    bb, procs = start_workers(1, {0: "exit1"})
+    with pytest.raises(hk.BarrierBrokenError, match=r"rank -> exitcode.*\{0: 1\}"):
+        bb.wait(procs)
+    finish(bb, procs)
+
+
+def test_a_hanging_worker_fails_at_the_deadline_with_its_stack() -> None:
+    bb, procs = start_workers(2, {1: "hang"}, timeout=4.0)
+    start = time.monotonic()
+    with pytest.raises(hk.BarrierTimeoutError) as info:
+        bb.wait(procs, on_failure=lambda err: teardown(procs))
+    assert time.monotonic() - start >= 4.0
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, RuntimeError)
+    (stuck,) = err.not_arrived
+    assert stuck.rank == 1 and stuck.stack is not None
+    assert "stuck_in_rpc_init" in stuck.stack
+    assert "stuck_in_rpc_init" in str(err)
+    assert "never arrived" in str(err)
+    finish(bb, procs)
+
+
+def test_the_timeout_message_names_the_env_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIGL_SAMPLING_RPC_INIT_TIMEOUT_SECONDS", "1")
+    bound = hk.init_bound_from_env("GIGL_SAMPLING_RPC_INIT_TIMEOUT_SECONDS", 600, 3)
+    assert bound.seconds == 3.0 and bound.from_env
+    bb, procs = start_workers(2, {0: "hang"}, timeout=bound)  # type: ignore[arg-type]
+    with pytest.raises(hk.BarrierTimeoutError) as info:
+        bb.wait(procs, on_failure=lambda err: teardown(procs))
+    assert "raise GIGL_SAMPLING_RPC_INIT_TIMEOUT_SECONDS" in str(info.value)
+    assert "3 x 1s" in str(info.value)
+    assert info.value.env_var == "GIGL_SAMPLING_RPC_INIT_TIMEOUT_SECONDS"
+    finish(bb, procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_holding_the_barrier_lock_still_ends_in_bounded_time() -> None:
+    bb, procs = start_workers(3, {1: "die-holding-lock"}, timeout=30.0)
+    time.sleep(2)  # the others are now blocked on the dead worker's lock
+    start = time.monotonic()
+    with pytest.raises(hk.BarrierBrokenError) as info:
+        bb.wait(procs, on_failure=lambda err: teardown(procs))
+    assert time.monotonic() - start < 15
+    assert info.value.exit_codes == {1: -9}
+    finish(bb, procs)  # and the leak check proves no thread of ours stayed blocked
+
+
+def test_the_teardown_hook_runs_after_the_diagnosis() -> None:
+    seen: list[tuple[str, ...]] = []
+    bb, procs = start_workers(2, {0: "sigkill"})
+
+    def hook(err: hk.BarrierBrokenError) -> None:
+        # Diagnosed before teardown: the live worker is not reported dead.
+        seen.append(tuple(p.state for p in err.parties))
+        teardown(procs)
+
+    with pytest.raises(hk.BarrierBrokenError):
+        bb.wait(procs, on_failure=hook)
+    assert seen and seen[0][0] == "dead" and seen[0][1] != "dead"
+    finish(bb, procs)
+
+
+def test_worker_wait_gives_up_after_its_own_bound() -> None:
+    bb = hk.BoundedBarrier(1, timeout=60)
+    start = time.monotonic()
+    with pytest.raises(hk.BarrierBrokenError, match=r"waited 0\.3s"):
+        bb.worker_wait(0, timeout=0.3)  # the parent never comes
+    assert time.monotonic() - start < 10
+    bb.barrier.abort()  # release the helper thread still blocked in the raw wait
+    time.sleep(0.1)
+    bb.close()
+
+
+def test_a_worker_stops_waiting_when_its_parent_dies(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing as mp, os, sys, time
+            import healthkit as hk
+
+            def work(bb):
+                try:
+                    bb.worker_wait(0)
+                except hk.BarrierBrokenError as e:
+                    print("released:", e, flush=True)
+                    sys.exit(7)
+
+            if __name__ == "__main__":
+                ctx = mp.get_context("spawn")
+                bb = hk.BoundedBarrier(1, timeout=600, ctx=ctx)
+                p = ctx.Process(target=work, args=(bb,))
+                p.start()
+                print(p.pid, flush=True)
+                time.sleep(3)
+                os._exit(3)  # the parent dies without ever waiting
+            """
+        )
+    )
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    child = int(owner.stdout.readline())
+    with hk.ProcessWatch(child) as w:
+        status = w.wait(60)
+        if status is None:
+            w.kill()
+            w.wait(10)
+    out, _ = owner.communicate(timeout=30)
+    assert status is not None
+    assert "released:" in out and "its parent died" in out
+
+
+def test_bad_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="parties"):
+        hk.BoundedBarrier(-1, timeout=1)
+    with pytest.raises(hk.InvalidTimeoutError):
+        hk.BoundedBarrier(1, timeout=-5)
+    with pytest.raises(hk.InvalidTimeoutError):
+        hk.BoundedBarrier(1, timeout=float("nan"))
+    with pytest.raises(ValueError, match="needs 3"):
+        hk.BoundedBarrier(2, timeout=1, barrier=mp.get_context("spawn").Barrier(2))
+    bb = hk.BoundedBarrier(2, timeout=1)
+    with pytest.raises(ValueError, match="expected 2 workers"):
+        bb.wait([])
+    with pytest.raises(ValueError, match="rank"):
+        bb.worker_wait(5)
+    bb.close()
+
+
+# --------------------------------------------------------------------------- env bounds
+@pytest.mark.parametrize("raw", ["abc", "-1", "0", "nan", "inf", "1e999"])
+def test_bad_env_values_warn_and_fall_back_to_the_default(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HK_TEST_TIMEOUT", raw)
+    with pytest.warns(hk.EnvValueWarning, match="HK_TEST_TIMEOUT"):
+        bound = hk.init_bound_from_env("HK_TEST_TIMEOUT", 600, 3)
+    assert (bound.seconds, bound.per_unit, bound.from_env) == (1800, 600, False)
+    with pytest.raises(hk.InvalidEnvValueError, match="HK_TEST_TIMEOUT"):
+        hk.init_bound_from_env("HK_TEST_TIMEOUT", 600, 3, strict=True)
+
+
+def test_good_and_missing_env_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HK_TEST_TIMEOUT", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hk.init_bound_from_env("HK_TEST_TIMEOUT", 600).seconds == 1800
+        monkeypatch.setenv("HK_TEST_TIMEOUT", " 20 ")
+        bound = hk.init_bound_from_env("HK_TEST_TIMEOUT", 600, 2.5)
+    assert (bound.seconds, bound.from_env) == (50, True)
+    assert bound.describe() == "50s = 2.5 x 20s ($HK_TEST_TIMEOUT)"
+    assert hk.env_seconds("HK_TEST_TIMEOUT", 1) == 20
