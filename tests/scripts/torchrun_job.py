@@ -1,0 +1,63 @@
+"""A small distributed job for torchrun: local rank 0 owns a helper server that feeds it
+batches; every rank sits in gloo collectives. Used to show what happens when the helper dies.
+
+Prints "HELPER <pid>" once the helper runs. Options: --healthkit to guard the helper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing as mp
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import healthkit as hk
+
+
+def helper_server(queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    i = 0
+    while True:
+        queue.put(i)
+        i += 1
+        time.sleep(0.02)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--healthkit", action="store_true")
+    ap.add_argument("--mode", default="thread")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--collective-timeout", type=float, default=600)
+    args = ap.parse_args()
+
+    dist.init_process_group(
+        "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout)
+    )
+    local_rank = int(os.environ["LOCAL_RANK"])
+    queue = None
+    watchdog = None
+    if local_rank == 0:
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        server = ctx.Process(target=helper_server, args=(queue,), name="sampler-server", daemon=True)
+        server.start()
+        if args.healthkit:
+            watchdog = hk.DisarmableWatchdog([server], mode=args.mode).arm()
+        print(f"HELPER {server.pid}", flush=True)
+    t = torch.zeros(1)
+    for _ in range(args.steps):
+        if queue is not None:
+            t[0] = float(queue.get())  # blocks forever once the helper is dead
+        dist.all_reduce(t)
+    if watchdog is not None:
+        watchdog.disarm()
+    dist.destroy_process_group()
+    print("JOB DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
