@@ -422,7 +422,7 @@ class BoundedBarrier:
             lines.append(f"  arrived: {label}s {arrived}")
         if dead:
             lines.append(
-                "What to do: fix what killed the dead worker (its diagnosis above)."
+                "What to do: fix what ended the dead worker (see its diagnosis)."
                 + (f" {self.hint}" if self.hint else "")
             )
         else:

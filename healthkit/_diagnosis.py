@@ -17,7 +17,7 @@ from healthkit._evidence import (
     format_bytes,
     shm_usage,
 )
-from healthkit._watch import ExitStatus, ProcessWatch
+from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
 
 __all__ = ["Cause", "Diagnosis", "ExitDiagnoser"]
 
@@ -110,16 +110,33 @@ class ExitDiagnoser:
         cgroup_root: str = "/sys/fs/cgroup",
         kmsg_path: str | None = "/dev/kmsg",
         shm_path: str = "/dev/shm",
+        cgroup: MemoryCgroup | None = None,
+        history: bool = False,
     ) -> None:
+        """``cgroup`` names the memory cgroup whose OOM counter to watch; by default the
+        one this process is in (from ``<proc_root>/self/cgroup`` under ``cgroup_root``).
+        Give it when the watched processes live in another cgroup: on cgroup v1 the
+        ``oom_kill`` counter counts only kills *in that very cgroup*, not in its children.
+        ``kmsg_path=None`` disables the kernel-log evidence.
+
+        ``history=True`` explains exits that happened *before* the diagnoser was built (an
+        exit code read from a log): every kernel-log record still buffered may confirm an
+        OOM kill of the pid, and the cgroup's lifetime ``oom_kill`` count is shown as
+        evidence but confirms nothing (it may be about any process, at any time)."""
         self._lock = threading.Lock()
         self._shm_path = shm_path
-        self.cgroup: MemoryCgroup | None = find_memory_cgroup(
-            proc_root=proc_root, cgroup_root=cgroup_root
+        self.cgroup: MemoryCgroup | None = (
+            cgroup
+            if cgroup is not None
+            else find_memory_cgroup(proc_root=proc_root, cgroup_root=cgroup_root)
         )
-        self._oom_baseline = self.cgroup.oom_kills() if self.cgroup else None
+        self.history = history
+        self._oom_baseline = self.cgroup.oom_kills() if self.cgroup and not history else None
         self._oom_explained = 0
         self.kernel_log = KernelLog(kmsg_path) if kmsg_path else None
         self._kmsg_baseline = self.kernel_log.last_seq() if self.kernel_log else None
+        if history and self._kmsg_baseline is not None:
+            self._kmsg_baseline = -1  # readable: every buffered record counts
 
     def diagnose(
         self,
@@ -178,6 +195,17 @@ class ExitDiagnoser:
             return make(Cause.STILL_RUNNING, "is still running")
         rc = status.returncode
         if rc is None:
+            if status.source == UNKNOWN_NOT_PERMITTED:
+                return make(
+                    Cause.UNKNOWN,
+                    "exited with an unknown status",
+                    "it is not this process's child and belongs to another user; the kernel "
+                    "shows its exit status only to its parent, its user or a process with "
+                    "CAP_SYS_PTRACE",
+                    "Watch it from its parent process, or as the same user, to get the "
+                    "exit code",
+                    evidence=(f"source: {status.source}",),
+                )
             return make(
                 Cause.UNKNOWN,
                 "exited with an unknown status",
@@ -290,7 +318,10 @@ class ExitDiagnoser:
             if now is not None and self._oom_baseline is not None:
                 with self._lock:
                     delta = now - self._oom_baseline - self._oom_explained
-                    if delta > 0 or confirmed:
+                    # A kill counted by the cgroup explains one SIGKILL. A kill confirmed
+                    # only by the kernel log, with no unexplained count left, used none of
+                    # the counter and must not use up a later kill's count.
+                    if delta > 0:
                         self._oom_explained += 1
                 if delta > 0:
                     confirmed = True
@@ -298,6 +329,11 @@ class ExitDiagnoser:
                         f"cgroup v{cg.version} {cg.counter_file} oom_kill "
                         f"{self._oom_baseline} -> {now} during this run"
                     )
+            elif self.history and now:
+                evidence.append(
+                    f"cgroup v{cg.version} {cg.counter_file} oom_kill {now} since the cgroup "
+                    "was created (not necessarily this process)"
+                )
             peak, limit = cg.peak_bytes(), cg.limit_bytes()
             if peak is not None:
                 evidence.append(

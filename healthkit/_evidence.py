@@ -109,6 +109,11 @@ def find_memory_cgroup(
     for version, base, rel in candidates:
         counter = "memory.oom_control" if version == 1 else "memory.events"
         rel = rel.strip("/")
+        if ".." in rel.split("/"):
+            # A cgroup outside our cgroup namespace ("/../sibling", seen when asking about
+            # another process): it is not under our mount at all, and walking ".." would
+            # escape cgroup_root. It cannot be located from here.
+            continue
         while True:
             directory = os.path.join(base, rel) if rel else base
             if os.path.exists(os.path.join(directory, counter)):
@@ -136,14 +141,19 @@ class KernelLog:
         self.path = path
 
     def records(self) -> Iterator[KernelRecord] | None:
-        """All records currently buffered, or ``None`` when the log is not readable."""
+        """All records currently buffered, or ``None`` when the log is not readable.
+
+        Read eagerly (the ring buffer is small) so the fd is closed before this returns,
+        whether or not the caller consumes the iterator.
+        """
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return None
-        return self._iter(fd)
+        return iter(self._read_all(fd))
 
-    def _iter(self, fd: int) -> Iterator[KernelRecord]:
+    def _read_all(self, fd: int) -> list[KernelRecord]:
+        out: list[KernelRecord] = []
         try:
             pending = b""
             while True:
@@ -160,12 +170,13 @@ class KernelLog:
                 for line in lines:
                     rec = _parse_kmsg(line)
                     if rec is not None:
-                        yield rec
+                        out.append(rec)
             rec = _parse_kmsg(pending)
             if rec is not None:
-                yield rec
+                out.append(rec)
         finally:
             os.close(fd)
+        return out
 
     def last_seq(self) -> int | None:
         records = self.records()

@@ -122,6 +122,50 @@ def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
     return ExitStatus(-info.si_status, source, core_dumped=info.si_code == os.CLD_DUMPED)
 
 
+_CAP_SYS_PTRACE: Final = 19
+#: ``ExitStatus.source`` when a non-child's zombie hides its exit code from us.
+UNKNOWN_NOT_PERMITTED: Final = "unknown: not permitted to read another user's exit status"
+
+
+def _status_ids(path: str) -> tuple[list[int], list[int], int] | None:
+    """(uids, gids, effective capabilities) from a ``/proc/<pid>/status`` file."""
+    uids: list[int] = []
+    gids: list[int] = []
+    cap_eff = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    uids = [int(x) for x in line.split()[1:]]
+                elif line.startswith(b"Gid:"):
+                    gids = [int(x) for x in line.split()[1:]]
+                elif line.startswith(b"CapEff:"):
+                    cap_eff = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    if len(uids) < 4 or len(gids) < 4:
+        return None
+    return uids, gids, cap_eff
+
+
+def _may_read_exit_code(pid: int, proc_root: str) -> bool:
+    """Whether the kernel shows us the exit code in ``pid``'s ``/proc/<pid>/stat``.
+
+    It shows it only to callers that pass ``ptrace_may_access(PTRACE_MODE_READ_FSCREDS)``
+    and prints a plain ``0`` to everyone else, which would read as a clean exit. That
+    check is (LSMs aside): the target's real, effective and saved uid and gid all equal
+    our fsuid and fsgid, or we hold CAP_SYS_PTRACE. Unknown credentials count as readable.
+    """
+    theirs = _status_ids(f"{proc_root}/{pid}/status")
+    mine = _status_ids("/proc/self/status")
+    if theirs is None or mine is None:
+        return True
+    if (mine[2] >> _CAP_SYS_PTRACE) & 1:
+        return True
+    fsuid, fsgid = mine[0][3], mine[1][3]
+    return all(u == fsuid for u in theirs[0][:3]) and all(g == fsgid for g in theirs[1][:3])
+
+
 def _readable_now(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -155,6 +199,7 @@ class ProcessWatch:
         self._process: BaseProcess | None = None
         self._popen: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None
         self._start_time: int | None = None
+        self._exit_code_readable = True
         self._peak_rss: int | None = None
         self.is_child = True
 
@@ -189,11 +234,11 @@ class ProcessWatch:
         if owner_code is not None:
             # Already reaped by its owner: nothing left to watch, the answer is known.
             self._status = ExitStatus(owner_code, "owner")
-        elif HAVE_PIDFD and use_pidfd:
-            self._open_pidfd()
+        elif HAVE_PIDFD and use_pidfd and self._open_pidfd():
+            pass  # pinned by a pidfd (or found to be over already)
         elif self._process is None:
             raise NotImplementedError(
-                "watching a Popen or a bare pid needs pidfd (Linux >= 5.3); "
+                "watching a Popen or a bare pid needs pidfd (Linux >= 5.4); "
                 "watch a multiprocessing.Process instead"
             )
         if self._status is not None:
@@ -203,7 +248,9 @@ class ProcessWatch:
             self._done_fd = r
 
     # ------------------------------------------------------------------ construction
-    def _open_pidfd(self) -> None:
+    def _open_pidfd(self) -> bool:
+        """Open and pin the pidfd; ``False`` when the kernel lacks pidfd support (Python
+        has the calls, the kernel does not: pidfd_open needs 5.3, waitid(P_PIDFD) 5.4)."""
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except ProcessLookupError:
@@ -215,14 +262,45 @@ class ProcessWatch:
             # Our child, reaped by someone else before we looked: its owner may know.
             code = self._wait_owner_returncode()
             self._status = ExitStatus(code, "owner" if code is not None else "unknown")
-            return
+            return True
+        except OSError as e:
+            if e.errno in (errno.ENOSYS, errno.EPERM):  # old kernel; seccomp (old Docker)
+                return False
+            raise
         os.set_inheritable(self._pidfd, False)
+        owner_code = self._owner_returncode()
+        if owner_code is not None:
+            # Reaped by its owner between our first look and pidfd_open(): the pidfd may
+            # name a process that recycled the pid. The owner's answer is the right one.
+            os.close(self._pidfd)
+            self._pidfd = None
+            self._status = ExitStatus(owner_code, "owner")
+            return True
         try:
             os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             self.is_child = False
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            os.close(self._pidfd)  # Linux 5.3: pidfd_open, but no waitid(P_PIDFD)
+            self._pidfd = None
+            return False
         stat = read_proc_stat(self.pid, self._proc_root)
+        if not self.is_child:
+            self._exit_code_readable = _may_read_exit_code(self.pid, self._proc_root)
+        # The stat just read is this process's only if it still existed (maybe as a zombie,
+        # which keeps its pid) *after* the read: a signal 0 through the pidfd proves it.
+        # Otherwise the pid may already name a newcomer, whose start time must not be
+        # pinned as ours.
+        try:
+            signal.pidfd_send_signal(self._pidfd, 0)
+        except ProcessLookupError:
+            stat = None
+        except PermissionError:
+            pass  # it exists; we may just not signal it
         self._start_time = stat.start_time if stat is not None else None
+        return True
 
     # ------------------------------------------------------------------ public API
     @property
@@ -241,8 +319,7 @@ class ProcessWatch:
 
     def fileno(self) -> int:
         """A file descriptor that becomes readable when the process has exited."""
-        if self._closed:
-            raise WatchClosedError(f"the watch on {self.name} (pid {self.pid}) is closed")
+        self._check_open()
         if self._pidfd is not None:
             return self._pidfd
         if self._done_fd is not None:
@@ -251,7 +328,11 @@ class ProcessWatch:
         return self._process.sentinel
 
     def poll(self) -> ExitStatus | None:
-        """The exit status if the process has ended, else ``None``; never blocks long."""
+        """The exit status if the process has ended, else ``None``; never blocks long.
+
+        Raises :class:`WatchClosedError` after :meth:`close` (read :attr:`status` then).
+        """
+        self._check_open()
         if self._status is not None:
             return self._status
         if not _readable_now(self.fileno()):
@@ -259,8 +340,12 @@ class ProcessWatch:
         return self._collect()
 
     def wait(self, timeout: float | None = None) -> ExitStatus | None:
-        """Block until the process ends (``None`` if ``timeout`` seconds pass first)."""
+        """Block until the process ends (``None`` if ``timeout`` seconds pass first).
+
+        Raises :class:`WatchClosedError` after :meth:`close` (read :attr:`status` then).
+        """
         timeout = check_timeout(timeout, "timeout")
+        self._check_open()
         if self._status is not None:
             return self._status
         poller = select.poll()
@@ -279,14 +364,15 @@ class ProcessWatch:
 
     def send_signal(self, sig: int) -> None:
         """Signal the process through its pidfd, so a recycled pid is never hit."""
-        if self._closed:
-            raise WatchClosedError(f"the watch on {self.name} (pid {self.pid}) is closed")
+        self._check_open()
         if self._status is not None:
             return
         try:
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, sig)
-            else:
+            elif self._owner_returncode() is None:
+                # Sentinel mode: no pidfd pins the identity, so only signal while the
+                # owner has not reaped the child (after that the pid may be recycled).
                 os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
@@ -321,14 +407,25 @@ class ProcessWatch:
         return self._peak_rss
 
     def close(self) -> None:
-        """Release the pidfd. Idempotent. The collected :attr:`status` stays readable."""
+        """Release the pidfd. Idempotent. The collected :attr:`status` stays readable.
+
+        Closing does not reap: close a child's watch after it ended (or let the owning
+        ``Process``/``Popen`` reap it), or it stays a zombie.
+        """
+        # Under the lock: a collection in another thread must not use the pidfd while (or
+        # after) it is closed, when its number may already name another file.
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self._pidfd, self._done_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._pidfd = self._done_fd = None
+
+    def _check_open(self) -> None:
         if self._closed:
-            return
-        self._closed = True
-        for fd in (self._pidfd, self._done_fd):
-            if fd is not None:
-                os.close(fd)
-        self._pidfd = self._done_fd = None
+            raise WatchClosedError(f"the watch on {self.name} (pid {self.pid}) is closed")
 
     def __enter__(self) -> ProcessWatch:
         return self
@@ -364,6 +461,7 @@ class ProcessWatch:
     def _collect(self) -> ExitStatus:
         with self._lock:
             if self._status is None:
+                self._check_open()
                 self._status = (
                     self._collect_pidfd() if self._pidfd is not None else self._collect_sentinel()
                 )
@@ -405,6 +503,8 @@ class ProcessWatch:
                 os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
 
     def _status_from_zombie(self) -> ExitStatus:
+        if not self._exit_code_readable:
+            return ExitStatus(None, UNKNOWN_NOT_PERMITTED)
         stat = read_proc_stat(self.pid, self._proc_root)
         if (
             stat is not None
@@ -432,20 +532,28 @@ class WatchSet:
     """Wait for the first of many watches to end, from one thread, without polling.
 
     Backed by ``selectors.DefaultSelector`` (epoll on Linux, so thousands of watches are
-    fine) plus a wake-up pipe: another thread may :meth:`add`, :meth:`remove` or
-    :meth:`wake` while :meth:`wait` blocks. Readiness is level-triggered: a watch whose
-    process has ended is returned by every :meth:`wait` until it is removed.
+    fine) plus a wake-up pipe: another thread may :meth:`add`, :meth:`remove`,
+    :meth:`wake` or :meth:`close` while :meth:`wait` blocks. Readiness is level-triggered:
+    a watch whose process has ended is returned by every :meth:`wait` until it is removed.
+    Each watch costs one file descriptor (its pidfd), so mind ``RLIMIT_NOFILE``.
     """
 
     def __init__(self, watches: Iterable[ProcessWatch] = ()) -> None:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
-        self._watches: dict[int, ProcessWatch] = {}
+        # Guards the wake-up pipe's fds against close(): writing to a closed fd *number*
+        # could write into whatever file reuses it. Reentrant because wake() may run in a
+        # signal handler that interrupted this same thread while it held the lock.
+        self._wake_lock = threading.RLock()
+        self._watches: dict[int, tuple[ProcessWatch, int]] = {}  # id(watch) -> (watch, fd)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closed = False
+        self._released = False
+        self._woken = False
+        self._waiters = 0
         for w in watches:
             self.add(w)
 
@@ -455,65 +563,112 @@ class WatchSet:
             self._check_open()
             if id(watch) in self._watches:
                 return
-            self._selector.register(watch.fileno(), selectors.EVENT_READ, watch)
-            self._watches[id(watch)] = watch
-        self.wake()
+            fd = watch.fileno()
+            stale = self._selector.get_map().get(fd)
+            if stale is not None and isinstance(stale.data, ProcessWatch) and stale.data.closed:
+                # A watch closed while still in the set left its fd number registered (the
+                # kernel dropped the file from epoll, the selector's map did not); that
+                # number now belongs to this watch.
+                self._watches.pop(id(stale.data), None)
+                self._selector.unregister(fd)
+            self._selector.register(fd, selectors.EVENT_READ, watch)
+            self._watches[id(watch)] = (watch, fd)
+            if self._waiters:
+                self._poke()  # selectors other than epoll only see new fds on the next call
 
     def remove(self, watch: ProcessWatch) -> None:
         """Stop waiting on ``watch`` (no error if it is not in the set)."""
         with self._lock:
-            if self._closed or self._watches.pop(id(watch), None) is None:
+            if self._closed:
                 return
-            for key in list(self._selector.get_map().values()):
-                if key.data is watch:
-                    self._selector.unregister(key.fileobj)
-                    break
-        self.wake()
+            entry = self._watches.pop(id(watch), None)
+            if entry is None:
+                return
+            key = self._selector.get_map().get(entry[1])
+            if key is not None and key.data is watch:
+                self._selector.unregister(entry[1])
+            if self._waiters:
+                self._poke()
 
     def __len__(self) -> int:
         return len(self._watches)
 
     def __iter__(self) -> Iterator[ProcessWatch]:
         with self._lock:
-            return iter(list(self._watches.values()))
+            return iter([w for w, _ in self._watches.values()])
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def wake(self) -> None:
-        """Make a blocked :meth:`wait` return now (from any thread or a signal handler)."""
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full (a wake is already pending) or closed
+        """Make a blocked :meth:`wait` return now (from any thread or a signal handler).
+
+        With no :meth:`wait` in progress, the next one returns at once.
+        """
+        self._woken = True
+        self._poke()
 
     def wait(self, timeout: float | None = None) -> list[ProcessWatch]:
         """Block until a watch ends, :meth:`wake` is called or ``timeout`` passes.
 
         Returns the watches whose process has ended, with their status collected (an empty
-        list on timeout or wake-up).
+        list on timeout or wake-up). :meth:`add` and :meth:`remove` from other threads
+        take effect without making it return. Raises :class:`WatchClosedError` if the set
+        is (or gets) closed.
         """
         timeout = check_timeout(timeout, "timeout")
-        self._check_open()
-        events = self._selector.select(timeout)
-        ended: list[ProcessWatch] = []
-        for key, _ in events:
-            if key.data is None:
-                self._drain_wake()
-                continue
-            watch = key.data
-            if isinstance(watch, ProcessWatch) and id(watch) in self._watches:
-                if not watch.closed and watch.poll() is not None:
-                    ended.append(watch)
-        return ended
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_open()
+            self._waiters += 1
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                events = self._selector.select(remaining)
+                if self._closed:
+                    raise WatchClosedError("this WatchSet was closed while waiting on it")
+                ended: list[ProcessWatch] = []
+                for key, _ in events:
+                    if key.data is None:
+                        self._drain_wake()
+                        continue
+                    watch = key.data
+                    entry = self._watches.get(id(watch))
+                    if entry is None or entry[0] is not watch or watch.closed:
+                        continue  # removed (or closed) by another thread meanwhile
+                    try:
+                        status = watch.poll()
+                    except WatchClosedError:
+                        continue
+                    if status is not None:
+                        ended.append(watch)
+                if ended or self._woken:
+                    self._woken = False
+                    return ended
+                if deadline is not None and time.monotonic() >= deadline:
+                    return []
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if self._closed and not self._waiters:
+                    self._release()
 
     def close(self) -> None:
-        """Release the selector and the wake-up pipe (the watches stay open)."""
+        """Release the selector and the wake-up pipe (the watches stay open). Idempotent.
+
+        A :meth:`wait` blocked in another thread raises :class:`WatchClosedError`; the
+        resources are released when it has left.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._watches.clear()
-            self._selector.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            if self._waiters:
+                self._poke()  # the last waiter to leave releases
+            else:
+                self._release()
 
     def __enter__(self) -> WatchSet:
         return self
@@ -521,14 +676,38 @@ class WatchSet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
     def _check_open(self) -> None:
         if self._closed:
             raise WatchClosedError("this WatchSet is closed")
 
+    def _poke(self) -> None:
+        with self._wake_lock:
+            if self._released:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:
+                pass  # pipe full: a wake-up is already pending
+
+    def _release(self) -> None:
+        with self._wake_lock:
+            if self._released:
+                return
+            self._released = True
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
     def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
+        with self._wake_lock:
+            if self._released:
+                return
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
                 pass
-        except (BlockingIOError, OSError) as e:
-            if isinstance(e, OSError) and e.errno not in (errno.EAGAIN, errno.EBADF):
-                raise

@@ -186,6 +186,11 @@ class DisarmableWatchdog:
         return self._fired
 
     @property
+    def sidecar_pid(self) -> int | None:
+        """The pid of the sidecar watcher while armed in ``mode="sidecar"``."""
+        return self._sidecar.pid if self._sidecar is not None else None
+
+    @property
     def watches(self) -> list[ProcessWatch]:
         return [e.watch for e in self._entries]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import traceback
 import time
+import traceback
 from collections.abc import Iterator
 
 import pytest

@@ -50,7 +50,7 @@ def main() -> None:
     wd.arm()  # idempotent
     if args.log_to_stderr:
         mp.log_to_stderr(20)  # INFO; re-registers multiprocessing's exit hook after arming
-    sidecar = wd._sidecar.pid if wd._sidecar is not None else 0
+    sidecar = wd.sidecar_pid or 0
     print("READY", " ".join(str(p.pid) for p in helpers), sidecar, flush=True)
 
     if args.scenario == "clean-exit":

@@ -43,7 +43,9 @@ def main() -> None:
     if local_rank == 0:
         ctx = mp.get_context("fork")
         queue = ctx.Queue()
-        server = ctx.Process(target=helper_server, args=(queue,), name="sampler-server", daemon=True)
+        server = ctx.Process(
+            target=helper_server, args=(queue,), name="sampler-server", daemon=True
+        )
         server.start()
         if args.healthkit:
             watchdog = hk.DisarmableWatchdog([server], mode=args.mode).arm()

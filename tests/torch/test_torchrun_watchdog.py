@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-import healthkit as hk  # noqa: E402
+import healthkit as hk
 
 JOB = str(Path(__file__).parent.parent / "scripts" / "torchrun_job.py")
 

@@ -1,0 +1,59 @@
+"""The ``healthkit`` command: demo, doctor, explain."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from healthkit._errors import InvalidTimeoutError, check_timeout
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = check_timeout(float(text), "--hang-timeout", allow_none=False)
+    except (ValueError, InvalidTimeoutError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    assert value is not None
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="healthkit",
+        description="Notice a dead helper process in milliseconds, fail the job in seconds, "
+        "say why.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run a real job whose helper dies, without and with "
+                          "healthkit")
+    from healthkit._demo import SCENARIOS
+
+    demo.add_argument("--scenario", choices=SCENARIOS, default="server-oom")
+    demo.add_argument("--hang-timeout", type=_positive_seconds, default=20.0,
+                      help="how long to let the job without healthkit hang (default 20 s)")
+    doctor = sub.add_parser("doctor", help="what this machine supports and what healthkit uses")
+    doctor.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    doctor.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)
+    doctor.add_argument("--kmsg", default="/dev/kmsg", help=argparse.SUPPRESS)
+    doctor.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
+    explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
+    explain.add_argument("exit_code", type=int, help="e.g. -9, 137, 139, -7, 1")
+    explain.add_argument("--pid", type=int, help="the pid, to look for kernel OOM records")
+    explain.add_argument("--name", help="the process's name, for the message")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from healthkit._demo import run
+
+        run(args.scenario, args.hang_timeout)
+        return 0
+    if args.command == "doctor":
+        from healthkit._doctor import report
+
+        return report(sys.stdout, proc_root=args.proc_root, cgroup_root=args.cgroup_root,
+                      kmsg_path=args.kmsg, shm_path=args.shm)
+    from healthkit._diagnosis import ExitDiagnoser
+
+    diagnoser = ExitDiagnoser(history=True)
+    print(diagnoser.diagnose(args.exit_code, pid=args.pid, name=args.name))
+    return 0

@@ -1,0 +1,146 @@
+"""The ``healthkit`` command: the demo's scenarios end to end, doctor and explain."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from healthkit._cli import main
+from healthkit._doctor import checks, report
+from healthkit._evidence import find_memory_cgroup
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "healthkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _can_limit_memory() -> bool:
+    cg = find_memory_cgroup()
+    return cg is not None and os.access(cg.path, os.W_OK)
+
+
+@pytest.mark.timeout(240)
+def test_demo_server_oom_hangs_without_and_fails_fast_with_the_diagnosis() -> None:
+    proc = run_cli("demo", "--hang-timeout", "4")
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "\033[" not in out and "\r" not in out  # not a TTY: plain lines only
+    without, with_ = out.split("[2/2] with healthkit")
+    assert "STILL HUNG after 4 s" in without
+    assert "root cause" not in without
+    assert re.search(r"JOB FAILED \d+ ms after the helper died \(rank 0 exited with code 1", with_)
+    cause = (
+        r"the kernel's OOM killer \(confirmed\) \[kernel log: Memory cgroup out of memory: "
+        r"Killed process \d+"
+        if _can_limit_memory()
+        else r"possibly the OOM killer, unconfirmed"
+    )
+    assert re.search(
+        r"healthkit watchdog: sampler-server \(pid \d+\) was killed by SIGKILL: " + cause, with_
+    ), with_
+    assert "without healthkit:   still hung after 4 s; the log names no cause" in out
+    assert re.search(r"with healthkit:      failed \d+\.\d\d s after the helper died", out)
+
+
+@pytest.mark.timeout(240)
+def test_demo_worker_crash_at_init_names_the_segfault() -> None:
+    proc = run_cli("demo", "--scenario", "worker-crash-at-init", "--hang-timeout", "4")
+    assert proc.returncode == 0, proc.stderr
+    without, with_ = proc.stdout.split("[2/2] with healthkit")
+    assert "STILL HUNG after 4 s: the producer waits at its init barrier" in without
+    assert "dead sampling workers (rank -> exitcode): {1: -11}" in with_
+    assert re.search(
+        r"- sampling worker 1 \(pid \d+\) was killed by SIGSEGV: a crash in native code", with_
+    )
+
+
+@pytest.mark.timeout(240)
+def test_demo_worker_hang_at_init_shows_where_it_hangs() -> None:
+    proc = run_cli("demo", "--scenario", "worker-hang-at-init", "--hang-timeout", "4")
+    assert proc.returncode == 0, proc.stderr
+    without, with_ = proc.stdout.split("[2/2] with healthkit")
+    assert "STILL HUNG after 4 s" in without
+    assert re.search(r"sampling init barrier timed out after 6\.\d\ds \(bound 6s = 3 x 2s", with_)
+    assert re.search(r'File ".*_demo.py", line \d+ in connect_to_feature_store', with_)
+    assert "raise SAMPLING_RPC_INIT_TIMEOUT_SECONDS" in with_
+
+
+def test_demo_rejects_a_bad_hang_timeout() -> None:
+    proc = run_cli("demo", "--hang-timeout", "-3")
+    assert proc.returncode == 2
+    assert "--hang-timeout must be a finite number of seconds >= 0" in proc.stderr
+
+
+# --------------------------------------------------------------------------- doctor
+def test_doctor_on_this_machine() -> None:
+    proc = run_cli("doctor", timeout=60)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert re.match(r"\[  ok   \] pidfd\s+pidfd_open works", lines[0])
+    cg = find_memory_cgroup()
+    if cg is not None:
+        assert any(
+            re.search(rf"memory cgroup\s+v{cg.version} at {re.escape(cg.path)}", ln) for ln in lines
+        )
+    assert any(re.search(r"\] /dev/shm\s+.* free of ", ln) for ln in lines)
+    assert any(re.search(r"\[ info  \] torch\s+\d", ln) for ln in lines)
+
+
+def test_doctor_on_fixture_trees(fixture_tree: Path, tmp_path: Path) -> None:
+    v2 = fixture_tree / "cgroup-v2"
+    out = io.StringIO()
+    assert report(out, proc_root=str(v2 / "proc"), cgroup_root=str(v2 / "sys/fs/cgroup"),
+                  kmsg_path=str(tmp_path / "no-kmsg"), shm_path=str(tmp_path)) == 0
+    text = out.getvalue()
+    assert re.search(
+        r"\[  ok   \] memory cgroup\s+v2 at .*train.service: memory.events oom_kill", text
+    )
+    assert re.search(r"\[ warn  \] kernel log\s+.*no-kmsg not readable", text)
+    # No cgroup at all: a warning, not a failure.
+    empty = tmp_path / "empty"
+    (empty / "proc/self").mkdir(parents=True)
+    (empty / "proc/self/cgroup").write_text("")
+    results = {c.topic: c for c in checks(proc_root=str(empty / "proc"),
+                                          cgroup_root=str(empty), kmsg_path="/nonexistent")}
+    assert results["memory cgroup"].verdict == "warn"
+    assert "no memory cgroup found" in results["memory cgroup"].detail
+
+
+# --------------------------------------------------------------------------- explain
+@pytest.mark.parametrize(
+    ("code", "pattern"),
+    [
+        ("-9", r"^worker \(pid 4242\) was killed by SIGKILL: possibly the OOM killer"),
+        ("137", r"^worker \(pid 4242\) exited with code 137, the shell convention 128\+9 for death "
+                r"by SIGKILL"),
+        ("139", r"exited with code 139, the shell convention 128\+11 for death by SIGSEGV: a "
+                r"crash in native code"),
+        ("-7", r"was killed by SIGBUS: a bus error, most often shared memory \(/dev/shm\)"),
+        ("1", r"exited with code 1: an uncaught Python exception exits with 1"),
+        ("0", r"exited cleanly \(exit code 0\)$"),
+        ("-15", r"was killed by SIGTERM: something asked it to stop"),
+    ],
+)
+def test_explain_exit_codes_seen_in_logs(code: str, pattern: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", code, "--pid", "4242", "--name", "worker"]) == 0
+    assert re.search(pattern, capsys.readouterr().out.strip())
+
+
+def test_explain_rejects_what_is_not_an_exit_code() -> None:
+    proc = run_cli("explain", "nine", timeout=60)
+    assert proc.returncode == 2
+    assert "invalid int value: 'nine'" in proc.stderr
