@@ -220,11 +220,14 @@ class BoundedBarrier:
         stat = read_proc_stat(self._parent_pid)
         self._parent_start_time = stat.start_time if stat else None
         self._owner = True
+        # Built now, in the parent, so its OOM baselines predate any worker's death.
+        self._diagnoser: ExitDiagnoser | None = ExitDiagnoser()
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_owner"] = False
+        state["_diagnoser"] = None  # parent-only (holds the kernel-log fd)
         return state
 
     @property
@@ -324,7 +327,9 @@ class BoundedBarrier:
                 party_thread.join()
                 return
             elapsed = time.monotonic() - start
-            error = self._diagnose(outcome, watches, elapsed, diagnoser or ExitDiagnoser())
+            error = self._diagnose(
+                outcome, watches, elapsed, diagnoser or self._diagnoser or ExitDiagnoser()
+            )
             abort_thread = self._break_for_survivors()
             if on_failure is not None:
                 on_failure(error)
@@ -348,6 +353,9 @@ class BoundedBarrier:
         """Remove the stack-dump directory (the parent calls this when done)."""
         if self._owner:
             shutil.rmtree(self._stack_dir, ignore_errors=True)
+            if self._diagnoser is not None:
+                self._diagnoser.close()
+                self._diagnoser = None
 
     def _diagnose(
         self,

@@ -12,6 +12,7 @@ import attrs
 
 from healthkit._evidence import (
     KernelLog,
+    KernelLogFollower,
     MemoryCgroup,
     find_memory_cgroup,
     format_bytes,
@@ -134,9 +135,14 @@ class ExitDiagnoser:
         self._oom_baseline = self.cgroup.oom_kills() if self.cgroup and not history else None
         self._oom_explained = 0
         self.kernel_log = KernelLog(kmsg_path) if kmsg_path else None
-        self._kmsg_baseline = self.kernel_log.last_seq() if self.kernel_log else None
-        if history and self._kmsg_baseline is not None:
-            self._kmsg_baseline = -1  # readable: every buffered record counts
+        self._kmsg = (
+            KernelLogFollower(kmsg_path, from_start=history) if kmsg_path else None
+        )
+
+    def close(self) -> None:
+        """Release the kernel-log fd. Idempotent; also done when the object is collected."""
+        if self._kmsg is not None:
+            self._kmsg.close()
 
     def diagnose(
         self,
@@ -307,8 +313,8 @@ class ExitDiagnoser:
         evidence: list[str],
     ) -> Diagnosis:
         confirmed = False
-        if self.kernel_log is not None and pid is not None and self._kmsg_baseline is not None:
-            lines = self.kernel_log.oom_kill_lines(pid, self._kmsg_baseline)
+        if self._kmsg is not None and pid is not None:
+            lines = self._kmsg.oom_kill_lines(pid)
             if lines:
                 confirmed = True
                 evidence.append(f"kernel log: {lines[-1].strip()[:200]}")
@@ -355,7 +361,7 @@ class ExitDiagnoser:
                 tuple(evidence),
                 signal.SIGKILL,
             )
-        if self.kernel_log is None or self._kmsg_baseline is None:
+        if self._kmsg is None or not self._kmsg.readable:
             evidence.append("kernel log not readable")
         if cg is None:
             evidence.append("no memory cgroup counter readable")

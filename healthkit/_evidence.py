@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from collections.abc import Iterator
 
 import attrs
@@ -200,6 +201,84 @@ class KernelLog:
             and pattern.search(rec.message)
             and ("oom" in rec.message.lower() or "Killed process" in rec.message)
         ]
+
+
+class KernelLogFollower:
+    """Follows the kernel log from the moment it is built, keeping only OOM records.
+
+    Why not re-read the log at diagnosis time: ``/dev/kmsg`` returns one record per
+    ``read()``, so reading a few thousand records costs a few thousand system calls (and
+    GIL hand-offs) exactly when a helper has just died and the action should run. An fd
+    opened and positioned at the end up front makes each later read cover only what is new.
+    ``from_start=True`` keeps what is already buffered too (to explain past exits).
+    """
+
+    def __init__(self, path: str = "/dev/kmsg", *, from_start: bool = False) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._pending = b""
+        self._oom: list[KernelRecord] = []
+        self._fd: int | None
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+            return
+        if not from_start:
+            try:
+                os.lseek(self._fd, 0, os.SEEK_END)
+            except OSError:
+                os.close(self._fd)
+                self._fd = None
+
+    @property
+    def readable(self) -> bool:
+        return self._fd is not None
+
+    def _read_new(self) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # records overwritten while reading: go on
+                    continue
+                break  # EAGAIN: nothing more for now
+            if not chunk:
+                break  # a regular file's end (fixtures); appended records come later
+            self._pending += chunk
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                rec = _parse_kmsg(line)
+                if rec is not None and _OOM_WORDS.search(rec.message):
+                    self._oom.append(rec)
+
+    def oom_kill_lines(self, pid: int) -> list[str] | None:
+        """Lines since construction saying the OOM killer killed ``pid``; ``None`` if the
+        log is not readable."""
+        with self._lock:
+            if self._fd is None:
+                return None
+            self._read_new()
+            pattern = re.compile(rf"(Killed process {pid}\b|[ ,]pid={pid}[ ,]|[ ,]pid={pid}$)")
+            return [rec.message for rec in self._oom if pattern.search(rec.message)]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_OOM_WORDS = re.compile(r"Killed process|oom", re.IGNORECASE)
 
 
 def _parse_kmsg(line: bytes) -> KernelRecord | None:

@@ -97,6 +97,13 @@ class SidecarLink:
         )
         self._expect("watching")
 
+    def wait_for_action(self, timeout: float) -> None:
+        """Give the sidecar time to act on a death it is seeing (it will stop us)."""
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
     def disarm(self, timeout: float | None) -> None:
         try:
             self._send(op="disarm")

@@ -359,6 +359,28 @@ class ProcessWatch:
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 
+    def peek(self) -> ExitStatus | None:
+        """Like :meth:`poll`, but never reaps: an ended child stays a zombie.
+
+        For code that must leave the zombie to someone else, e.g. a sidecar watcher that
+        reads the exit status from ``/proc/<pid>/stat``. ``None`` while running.
+        """
+        self._check_open()
+        if self._status is not None:
+            return self._status
+        if self._pidfd is None or not _readable_now(self._pidfd):
+            return None
+        if not self.is_child:
+            return self._status_from_zombie()
+        try:
+            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+        if info is None:
+            code = self._owner_returncode()
+            return None if code is None else ExitStatus(code, "owner")
+        return _status_from_siginfo(info, "waitid")
+
     def is_alive(self) -> bool:
         return self.poll() is None
 

@@ -17,7 +17,6 @@ import logging
 import os
 import subprocess
 import threading
-import weakref
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal
@@ -82,7 +81,9 @@ class _Entry:
     owned: bool  # we built the ProcessWatch, so we close it
 
 
-_ARMED: weakref.WeakSet[DisarmableWatchdog] = weakref.WeakSet()
+# Strong references on purpose: an armed watchdog must outlive its last user reference
+# (``DisarmableWatchdog([p]).arm()`` is a valid way to use it) until it is disarmed.
+_ARMED: set[DisarmableWatchdog] = set()
 _hooks_installed = False
 _hooks_lock = threading.Lock()
 
@@ -90,6 +91,7 @@ _hooks_lock = threading.Lock()
 def _disarm_all_at_shutdown() -> None:
     for wd in list(_ARMED):
         try:
+            wd._report_death_before_shutdown()
             wd.disarm(reason="interpreter shutdown")
         except Exception:  # never turn a clean exit into a crash
             logger.debug("disarm at shutdown failed", exc_info=True)
@@ -157,17 +159,21 @@ class DisarmableWatchdog:
         self.mode = mode
         self.clean_exit_policy: CleanExitPolicy = clean_exit_policy
         self.exit_code = exit_code
-        self.kill_grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
+        grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
+        assert grace is not None
+        self.kill_grace: float = grace
         self.rss_sample_interval = check_timeout(rss_sample_interval, "rss_sample_interval")
         self.actions: list[Action] = list(actions) if actions is not None else default_actions(
             exit_code
         )
         self._diagnoser = diagnoser
+        self._owns_diagnoser = False
         self._lock = threading.RLock()
         self._entries: list[_Entry] = []
         self._armed = False
         self._inert = False
         self._fired: Diagnosis | None = None
+        self._actions_done = threading.Event()
         self._owner_pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._set: WatchSet | None = None
@@ -225,7 +231,8 @@ class DisarmableWatchdog:
             if self._armed:
                 return self
             if self._diagnoser is None:
-                self._diagnoser = ExitDiagnoser()
+                self._diagnoser = ExitDiagnoser()  # baselines now: "during this run"
+                self._owns_diagnoser = True
             _install_hooks()
             for action in self.actions:
                 prepare = getattr(action, "prepare", None)
@@ -258,7 +265,7 @@ class DisarmableWatchdog:
             if self._inert:
                 return
             if not self._armed:
-                self._close_owned_watches()
+                self._release()
                 return
             self._armed = False
             _ARMED.discard(self)
@@ -279,13 +286,17 @@ class DisarmableWatchdog:
             if release is not None:
                 release()
         with self._lock:
-            self._close_owned_watches()
+            self._release()
 
-    def _close_owned_watches(self) -> None:
+    def _release(self) -> None:
+        """Close the watches and the diagnoser this watchdog built itself."""
         for e in self._entries:
             if e.owned:
                 e.watch.close()
         self._entries = [e for e in self._entries if not e.owned]
+        if self._owns_diagnoser and self._diagnoser is not None:
+            self._diagnoser.close()
+            self._diagnoser, self._owns_diagnoser = None, False
 
     def __enter__(self) -> DisarmableWatchdog:
         return self.arm()
@@ -298,6 +309,31 @@ class DisarmableWatchdog:
         return f"<DisarmableWatchdog {self.name!r} {self.mode} {state} watches={self.watches}>"
 
     # ------------------------------------------------------------------ internals
+    def _report_death_before_shutdown(self) -> None:
+        """At interpreter exit, before disarming: fire for a helper that already died.
+
+        An exit that *follows* a helper's death is usually its consequence (the client
+        call raised and ended the main thread) while the watcher had not run yet; disarming
+        first would lose the diagnosis. Deaths that happen after this check (the SIGTERM of
+        the teardown) still never fire.
+        """
+        if not self._armed or self._inert or os.getpid() != self._owner_pid:
+            return
+        pending = [
+            e for e in list(self._entries)
+            if decide(e.watch.peek(), armed=True, run_until_disarmed=e.run_until_disarmed,
+                      clean_exit_policy=self.clean_exit_policy) is Verdict.FIRE
+        ]  # fmt: skip
+        if not pending:
+            return
+        if self._sidecar is not None:
+            # The sidecar reads the zombie (peek() did not reap it) and stops this process;
+            # give it the time it needs instead of telling it to stand down.
+            self._sidecar.wait_for_action(self.kill_grace + 5.0)
+            return
+        self._observe(pending[0].watch)  # runs the actions here unless already fired
+        self._actions_done.wait(5.0)  # the watcher thread may be running them right now
+
     def _become_inert(self) -> None:
         # In a forked child: the watcher thread does not exist here and the processes are
         # not ours. Never act; never touch the parent's sidecar or fds.
@@ -336,7 +372,7 @@ class DisarmableWatchdog:
             return
         with self._lock:
             verdict = decide(
-                watch.status,
+                watch.poll(),
                 armed=self._armed,
                 run_until_disarmed=entry.run_until_disarmed,
                 clean_exit_policy=self.clean_exit_policy,
@@ -359,12 +395,17 @@ class DisarmableWatchdog:
         self._run_actions(FailureEvent(diagnosis, self.name))
 
     def _run_actions(self, event: FailureEvent) -> None:
-        for action in self.actions:
-            try:
-                action(event)
-            except Exception:
-                logger.exception("%s: action %r failed; running the next one", self.name, action)
-                flush_logging()
+        try:
+            for action in self.actions:
+                try:
+                    action(event)
+                except Exception:
+                    logger.exception(
+                        "%s: action %r failed; running the next one", self.name, action
+                    )
+                    flush_logging()
+        finally:
+            self._actions_done.set()
 
 
 def _early_exit_wording(diagnosis: Diagnosis, entry: _Entry) -> Diagnosis:

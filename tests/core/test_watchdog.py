@@ -216,6 +216,31 @@ def test_arm_twice_starts_one_thread_and_watching_twice_is_harmless() -> None:
     _stop(p)
 
 
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_an_armed_watchdog_without_references_keeps_watching(mode: str) -> None:
+    import gc
+
+    from healthkit import _watchdog
+
+    p = _start("fork", serve_forever, "helper")
+    if mode == "thread":
+        rec = Recorder()
+        hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()  # no reference kept
+    else:
+        hk.DisarmableWatchdog([p], mode="sidecar").arm()
+    gc.collect()
+    try:
+        (wd,) = list(_watchdog._ARMED)
+        assert wd.armed
+        if mode == "thread":
+            p.kill()
+            assert rec.fired.wait(10)
+    finally:
+        for wd in list(_watchdog._ARMED):
+            wd.disarm()
+        _stop(p)
+
+
 def test_an_action_that_raises_does_not_stop_the_next_one() -> None:
     rec = Recorder()
 
@@ -386,6 +411,16 @@ def test_helper_killed_ends_the_owner_with_the_diagnosis_and_error_file(
     assert line in payload["message"]["message"]
     assert line in payload["message"]["extraInfo"]["py_callstack"]
     assert payload["message"]["extraInfo"]["timestamp"].isdigit()
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_an_exit_that_follows_a_helper_death_still_reports_it(mode: str) -> None:
+    # Disarming at shutdown must not swallow a death that happened before the shutdown.
+    for _ in range(3):
+        proc, pids = run_owner("exit-right-after-death", "--mode", mode)
+        assert "MAIN THREAD DONE" in proc.stdout
+        assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr
+        assert proc.returncode == (1 if mode == "thread" else -signal.SIGTERM)
 
 
 def test_the_other_helpers_are_not_orphaned_when_the_watchdog_exits() -> None:

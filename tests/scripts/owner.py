@@ -65,6 +65,15 @@ def main() -> None:
         time.sleep(0.3)
         print("SURVIVED", flush=True)
         return
+    elif args.scenario == "exit-right-after-death":
+        # The main thread learns of the death itself (as a client call that raises would)
+        # and leaves at once; the watcher thread never gets the GIL before the exit starts.
+        os.kill(helpers[0].pid, signal.SIGKILL)
+        siginfo = ctypes.create_string_buffer(128)
+        P_PID, WEXITED, WNOWAIT = 1, 4, 0x01000000
+        ctypes.PyDLL(None).waitid(P_PID, helpers[0].pid, siginfo, WEXITED | WNOWAIT)
+        print("MAIN THREAD DONE", flush=True)
+        return
     elif args.scenario == "early-exit-0":
         time.sleep(2)
         print("SURVIVED", flush=True)
