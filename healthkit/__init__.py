@@ -30,6 +30,7 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
+from healthkit._orphan import die_with_parent
 from healthkit._stacks import dump_stack, enable_stack_dumps
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
@@ -43,6 +44,7 @@ __all__ = [
     "EnvBound",
     "EnvValueWarning",
     "PartyReport",
+    "die_with_parent",
     "dump_stack",
     "enable_stack_dumps",
     "env_seconds",

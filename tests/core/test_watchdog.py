@@ -418,7 +418,8 @@ def test_an_exit_that_follows_a_helper_death_still_reports_it(mode: str) -> None
     # Disarming at shutdown must not swallow a death that happened before the shutdown.
     for _ in range(3):
         proc, pids = run_owner("exit-right-after-death", "--mode", mode)
-        assert "MAIN THREAD DONE" in proc.stdout
+        # Whichever runs first, the watcher or the exit, the death is reported once.
+        assert proc.stderr.count("was killed by SIGKILL") == 1
         assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr
         assert proc.returncode == (1 if mode == "thread" else -signal.SIGTERM)
 

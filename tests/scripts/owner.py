@@ -67,7 +67,9 @@ def main() -> None:
         return
     elif args.scenario == "exit-right-after-death":
         # The main thread learns of the death itself (as a client call that raises would)
-        # and leaves at once; the watcher thread never gets the GIL before the exit starts.
+        # and leaves at once, keeping the GIL as long as it can so that the exit usually
+        # starts before the watcher thread runs.
+        sys.setswitchinterval(100)
         os.kill(helpers[0].pid, signal.SIGKILL)
         siginfo = ctypes.create_string_buffer(128)
         P_PID, WEXITED, WNOWAIT = 1, 4, 0x01000000

@@ -1,1 +1,99 @@
-"""healthkit integration for Alibaba graph-learn."""
+"""healthkit for Alibaba graph-learn (GL): the tzrec-style negative-sampler server, watched.
+
+``launch_sampler_server`` starts the node's GL server in a process this rank owns, waits until
+it serves, and arms a DisarmableWatchdog on it: when the server dies the rank fails in seconds
+with a diagnosis, instead of every client retrying for ~17 minutes until a collective timeout.
+The cluster-spec helpers replace tzrec's ``_get_cluster_spec``; ``shorten_client_retries``
+bounds the GIL-holding client retries.
+
+The names below are loaded on first use (PEP 562), so ``import healthkit_graphlearn`` imports
+neither GL, torch, numpy nor even healthkit itself: GL is imported by ``import_graphlearn()``
+when first needed, torch only when ``torch.distributed`` is already in use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from healthkit_graphlearn._client import ClientRetryBudget, shorten_client_retries
+    from healthkit_graphlearn._cluster import (
+        Exchange,
+        client_task_index,
+        exchange_server_addresses,
+        free_port,
+        get_cluster_spec,
+        server_address,
+    )
+    from healthkit_graphlearn._env import DistEnv
+    from healthkit_graphlearn._gl_import import GraphLearnImportError, import_graphlearn
+    from healthkit_graphlearn._server import (
+        DEFAULT_READY_TIMEOUT,
+        READY_TIMEOUT_ENV,
+        LaunchContextError,
+        SamplerServer,
+        SamplerServerError,
+        SamplerServerStartupError,
+        SamplerServerTimeoutError,
+        launch_sampler_server,
+    )
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ClientRetryBudget": "_client",
+    "shorten_client_retries": "_client",
+    "Exchange": "_cluster",
+    "client_task_index": "_cluster",
+    "exchange_server_addresses": "_cluster",
+    "free_port": "_cluster",
+    "get_cluster_spec": "_cluster",
+    "server_address": "_cluster",
+    "DistEnv": "_env",
+    "GraphLearnImportError": "_gl_import",
+    "import_graphlearn": "_gl_import",
+    "DEFAULT_READY_TIMEOUT": "_server",
+    "READY_TIMEOUT_ENV": "_server",
+    "LaunchContextError": "_server",
+    "SamplerServer": "_server",
+    "SamplerServerError": "_server",
+    "SamplerServerStartupError": "_server",
+    "SamplerServerTimeoutError": "_server",
+    "launch_sampler_server": "_server",
+}
+
+__all__ = [
+    "ClientRetryBudget",
+    "DEFAULT_READY_TIMEOUT",
+    "DistEnv",
+    "Exchange",
+    "GraphLearnImportError",
+    "LaunchContextError",
+    "READY_TIMEOUT_ENV",
+    "SamplerServer",
+    "SamplerServerError",
+    "SamplerServerStartupError",
+    "SamplerServerTimeoutError",
+    "client_task_index",
+    "exchange_server_addresses",
+    "free_port",
+    "get_cluster_spec",
+    "import_graphlearn",
+    "launch_sampler_server",
+    "server_address",
+    "shorten_client_retries",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'healthkit_graphlearn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"healthkit_graphlearn.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

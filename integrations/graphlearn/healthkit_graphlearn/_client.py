@@ -1,0 +1,62 @@
+"""Bound how long a GL client call can block against a dead server.
+
+Why: GL's client retries a failed RPC ``RetryTimes`` times (default 10) with ``sleep(2^k)``
+between attempts and a ``Timeout`` (default 60 s) per attempt, inside one native call that
+holds the GIL. Against a dead server one ``sampler.get()`` (or ``graph.close()``) blocks
+``2^R - 2`` s = 1022 s with the defaults; against a hung one ``R x Timeout`` more. Nothing
+else in that process runs meanwhile: no watchdog thread, no signal handler.
+
+Shortening the retries is safe only *after* the first successful call: before the server is
+ready, the first calls are expected to fail and the retries are what waits for it (with 1
+retry a client started before its server fails at once; GL's own start-up takes ~4 s).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from healthkit_graphlearn._gl_import import import_graphlearn
+
+__all__ = ["ClientRetryBudget", "shorten_client_retries"]
+
+
+@attrs.frozen
+class ClientRetryBudget:
+    """What :func:`shorten_client_retries` set, and the worst case it buys."""
+
+    retry_times: int
+    timeout: int | None  # per-attempt deadline in seconds; None: left at GL's (60 s default)
+
+    @property
+    def dead_server_block_s(self) -> float:
+        """Longest a call blocks against a dead server (connection refused at once)."""
+        return float(2**self.retry_times - 2)
+
+    @property
+    def hung_server_block_s(self) -> float:
+        """Longest a call blocks against a live but unresponsive server."""
+        per_attempt = 60 if self.timeout is None else self.timeout
+        return self.dead_server_block_s + self.retry_times * per_attempt
+
+
+def shorten_client_retries(retry_times: int = 2, timeout: int | None = None) -> ClientRetryBudget:
+    """Set GL's process-wide client retries (and optionally the per-attempt timeout).
+
+    Call it in every client process (each DataLoader worker, or the main process) right after
+    its first successful call. ``retry_times=2`` (the default) bounds a call against a dead
+    server to 2 s, after which it raises ``graphlearn.python.errors.UnavailableError`` and a
+    ``mode="thread"`` watchdog gets the GIL back; 1 fails at the first refused connection.
+    The setting also applies to clients that already exist, and is inherited by forked
+    children.
+    """
+    if isinstance(retry_times, bool) or not isinstance(retry_times, int) or retry_times < 1:
+        raise ValueError(f"retry_times must be an int >= 1, got {retry_times!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
+    ):
+        raise ValueError(f"timeout must be None or an int number of seconds >= 1, got {timeout!r}")
+    gl = import_graphlearn()
+    gl.set_retry_times(retry_times)
+    if timeout is not None:
+        gl.set_timeout(timeout)
+    return ClientRetryBudget(retry_times, timeout)

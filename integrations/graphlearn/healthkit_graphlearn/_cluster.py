@@ -1,0 +1,244 @@
+"""GL cluster specs for a torchrun job: one sampler server per node, every rank a client.
+
+Equivalent to tzrec's ``_bootstrap``/``_get_cluster_spec`` (tzrec/datasets/sampler.py), so a
+tzrec-like project can drop its own copy:
+
+* each node's LOCAL_RANK 0 picks ``host:port`` for its server;
+* the addresses are exchanged with one collective, ordered by ``GROUP_RANK`` (the server's
+  ``task_index`` is its index in that list);
+* ``client_count = WORLD_SIZE x clients per rank``, client ``task_index = clients per rank x
+  RANK + client id``.
+
+What differs, on purpose: bad environment values raise errors naming the variable; a node that
+contributed no address is an error here (tzrec would hand GL ``0.0.0.0:0``); the no-dist path
+refuses a multi-process environment instead of returning an address only local rank 0 knows;
+and besides tzrec's IPv4 ``all_reduce`` there is an ``all_gather`` exchange that carries any
+host string. Neither path imports torch unless ``torch.distributed`` is already in use.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Any, Literal
+
+from healthkit_graphlearn._env import DistEnv, check_index
+
+__all__ = [
+    "Exchange",
+    "client_task_index",
+    "exchange_server_addresses",
+    "free_port",
+    "get_cluster_spec",
+    "server_address",
+]
+
+Exchange = Literal["all_reduce", "all_gather"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` a moment ago. The server binds it seconds later, so another
+    process may take it first (the same race as tzrec's); the server then fails to start and
+    the launcher raises with its diagnosis."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_address(host: str | None = None, port: int | None = None) -> str:
+    """``host:port`` for this node's server. ``host`` defaults to what tzrec uses,
+    ``gethostbyname(gethostname())``; ``port`` to a free one."""
+    if host is None:
+        host = socket.gethostbyname(socket.gethostname())
+    if port is None:
+        port = free_port(host)
+    elif isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    return f"{host}:{port}"
+
+
+def _initialized_dist(group: Any) -> Any:
+    """``torch.distributed`` if a process group is up, else None; never imports torch."""
+    if "torch.distributed" not in sys.modules:
+        return None  # nobody imported it, so nobody initialised it
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    if group is not None:
+        raise ValueError("group= was given but torch.distributed is not initialized")
+    return None
+
+
+def exchange_server_addresses(
+    address: str | None,
+    *,
+    env: DistEnv | None = None,
+    exchange: Exchange = "all_reduce",
+    group: Any = None,
+) -> str:
+    """Every node's server address, comma-separated in ``GROUP_RANK`` order (GL's ``server``).
+
+    A collective when torch.distributed is initialized: every rank of ``group`` (default: the
+    world) must call it. Ranks with ``LOCAL_RANK == 0`` pass their node's address, the others
+    ``None``.
+
+    ``exchange="all_reduce"`` is tzrec's: an int32 ``[nodes, 5]`` tensor (IPv4 octets + port),
+    MAX-reduced, on the GPU when the backend is NCCL. It carries IPv4 addresses only and
+    needs ``WORLD_SIZE`` to be a multiple of ``LOCAL_WORLD_SIZE``. ``exchange="all_gather"``
+    uses ``all_gather_object``: any host name, any node sizes (with NCCL, call
+    ``torch.cuda.set_device`` first, as torch requires for object collectives).
+
+    Without torch.distributed (a single process) it returns ``address`` itself.
+    """
+    env = DistEnv.from_environ() if env is None else env
+    if exchange not in ("all_reduce", "all_gather"):
+        raise ValueError(f"exchange must be 'all_reduce' or 'all_gather', got {exchange!r}")
+    if (env.local_rank == 0) != (address is not None):
+        raise ValueError(
+            f"LOCAL_RANK={env.local_rank}: "
+            + (
+                "local rank 0 runs the node's server and must pass its address"
+                if env.local_rank == 0
+                else "only local rank 0 passes an address; pass None on the other ranks"
+            )
+        )
+    dist = _initialized_dist(group)
+    if dist is None:
+        if env.world_size > 1 or address is None:
+            raise RuntimeError(
+                f"WORLD_SIZE={env.world_size}, LOCAL_RANK={env.local_rank} but torch.distributed "
+                "is not initialized, so the server addresses cannot be shared: call "
+                "torch.distributed.init_process_group() first, or build the cluster spec "
+                "yourself and pass it to every rank"
+            )
+        return address
+    if exchange == "all_gather":
+        return _all_gather(dist, address, env, group)
+    return _all_reduce(dist, address, env, group)
+
+
+def _ipv4_row(address: str) -> list[int]:
+    host, _, port = address.rpartition(":")
+    try:
+        octets = [int(x) for x in ipaddress.IPv4Address(host).packed]
+    except ValueError:
+        raise ValueError(
+            f"exchange='all_reduce' carries IPv4 addresses only (as tzrec's does), got "
+            f"{address!r}: pass an IPv4 host, or use exchange='all_gather' on every rank"
+        ) from None
+    return [*octets, int(port)]
+
+
+def _all_reduce(dist: Any, address: str | None, env: DistEnv, group: Any) -> str:
+    import torch
+
+    if env.world_size % env.local_world_size:
+        raise ValueError(
+            f"exchange='all_reduce' needs WORLD_SIZE ({env.world_size}) to be a multiple of "
+            f"LOCAL_WORLD_SIZE ({env.local_world_size}); use exchange='all_gather' for nodes "
+            "of different sizes"
+        )
+    nodes = env.group_size
+    if env.group_rank >= nodes:
+        raise ValueError(f"GROUP_RANK={env.group_rank} must be < the number of nodes ({nodes})")
+    table = torch.zeros([nodes, 5], dtype=torch.int32)
+    if address is not None:
+        table[env.group_rank] = torch.tensor(_ipv4_row(address), dtype=torch.int32)
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        table = table.cuda()
+    dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group)
+    rows = table.cpu().tolist()
+    missing = [i for i, row in enumerate(rows) if row[4] == 0]
+    if missing:
+        raise RuntimeError(
+            f"no server address from node(s) {missing}: their LOCAL_RANK 0 passed none "
+            "(every node needs one rank with LOCAL_RANK=0 calling this)"
+        )
+    return ",".join(".".join(str(x) for x in row[:4]) + f":{row[4]}" for row in rows)
+
+
+def _all_gather(dist: Any, address: str | None, env: DistEnv, group: Any) -> str:
+    size = dist.get_world_size(group)
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, (env.group_rank, address), group=group)
+    by_node: dict[int, str] = {}
+    for node, addr in gathered:
+        if addr is None:
+            continue
+        if by_node.setdefault(node, addr) != addr:
+            raise RuntimeError(
+                f"two ranks claim to run the server of node GROUP_RANK={node} "
+                f"({by_node[node]} and {addr}): check LOCAL_RANK/GROUP_RANK"
+            )
+    missing = sorted(set(range(max(by_node, default=-1) + 1)) - set(by_node))
+    if missing or not by_node:
+        raise RuntimeError(
+            f"no server address from node(s) {missing or [0]}: their LOCAL_RANK 0 passed none "
+            "(every node needs one rank with LOCAL_RANK=0 calling this)"
+        )
+    return ",".join(by_node[i] for i in range(len(by_node)))
+
+
+def get_cluster_spec(
+    num_client_per_rank: int = 1,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    exchange: Exchange = "all_reduce",
+    group: Any = None,
+    env: DistEnv | None = None,
+) -> dict[str, int | str]:
+    """tzrec's ``_get_cluster_spec``: ``{"server": "h:p,...", "client_count": N}``.
+
+    A collective under torch.distributed (every rank calls it). ``num_client_per_rank`` is the
+    number of GL clients each rank opens: its DataLoader ``num_workers``, or 1 for a client in
+    the main process.
+    """
+    env = DistEnv.from_environ() if env is None else env
+    if check_index(num_client_per_rank, "num_client_per_rank") < 1:
+        raise ValueError("num_client_per_rank must be >= 1")
+    address = server_address(host, port) if env.local_rank == 0 else None
+    servers = exchange_server_addresses(address, env=env, exchange=exchange, group=group)
+    return {"server": servers, "client_count": env.world_size * num_client_per_rank}
+
+
+def client_task_index(
+    client_id: int = -1,
+    *,
+    num_client_per_rank: int = 1,
+    client_id_bias: int = 0,
+    env: DistEnv | None = None,
+) -> int:
+    """The GL client ``task_index`` of this process, as tzrec's ``BaseSampler.init`` computes it.
+
+    ``client_id < 0`` means: the DataLoader worker id, or 0 in the main process. The result
+    must stay below ``client_count``: GL fails with a bare ``IndexError`` otherwise.
+    """
+    env = DistEnv.from_environ() if env is None else env
+    if check_index(num_client_per_rank, "num_client_per_rank") < 1:
+        raise ValueError("num_client_per_rank must be >= 1")
+    check_index(client_id_bias, "client_id_bias")
+    if isinstance(client_id, bool) or not isinstance(client_id, int):
+        raise TypeError(f"client_id must be an int, got {client_id!r}")
+    if client_id < 0:
+        client_id = _worker_id()
+    client_id += client_id_bias
+    if client_id >= num_client_per_rank:
+        raise ValueError(
+            f"client id {client_id} (worker id + client_id_bias {client_id_bias}) must be < "
+            f"num_client_per_rank={num_client_per_rank}, or the task index lands on another "
+            "rank's client (or past client_count, where GL fails with IndexError): raise "
+            "num_client_per_rank to at least the DataLoader's num_workers + client_id_bias"
+        )
+    return num_client_per_rank * env.rank + client_id
+
+
+def _worker_id() -> int:
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return 0  # torch's DataLoader never ran here, so this is no DataLoader worker
+    info = data.get_worker_info()
+    return 0 if info is None else int(info.id)

@@ -1,0 +1,251 @@
+"""Find and import a real Alibaba graph-learn (GL) as the top-level module ``graphlearn``.
+
+Why this is not just ``import graphlearn``:
+
+* On CPython 3.11 the only installable GL ships *inside* ``graphscope-client`` (0.29.0) at
+  ``graphscope/learning/graphlearn``, yet GL's own modules import themselves as top-level
+  ``graphlearn`` (``from graphlearn import pywrap_graphlearn``), and so does tzrec. We expose it
+  under that name with a directory that contains nothing but a symlink
+  ``graphlearn -> <site-packages>/graphscope/learning/graphlearn``, appended to ``sys.path``.
+  (Importing ``graphscope`` itself is avoided: its ``__init__`` pulls in many undeclared deps.)
+* That build links vineyard, whose static initialiser ``dlopen``s the library named by
+  ``__VINEYARD_INTERNAL_REGISTRY`` and calls ``abort()`` when it cannot: ``import graphlearn``
+  then kills the whole process with SIGABRT, which no ``try``/``except`` can catch. So the env var
+  must be set *before* the import, and when we cannot set it we raise ImportError instead.
+* The PyPI project named ``graphlearn`` is an unrelated package; an importable top-level
+  ``graphlearn`` is only trusted when it looks like Alibaba's (it has ``pywrap_graphlearn`` and,
+  once imported, ``Graph`` and ``set_tracker_mode``).
+* numpy 2 makes this GL build segfault (not catchable either), so it is refused up front.
+
+Nothing here imports GL at module import time: call :func:`import_graphlearn` when GL is needed.
+Forked children inherit ``sys.path`` and the environment; ``multiprocessing`` spawn children get
+the parent's ``sys.path`` too, so one call in the parent is enough for both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import stat
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["VINEYARD_REGISTRY_ENV", "GraphLearnImportError", "import_graphlearn"]
+
+VINEYARD_REGISTRY_ENV = "__VINEYARD_INTERNAL_REGISTRY"
+_REGISTRY_LIB = "libvineyard_internal_registry.so"
+_INSTALL_HINT = (
+    "install Alibaba graph-learn as healthkit documents it: "
+    "`pip install --no-deps graphscope-client==0.29.0 vineyard` and `pip install 'numpy<2'` "
+    "(on Python <= 3.9 the `graph-learn` wheel also works). "
+    "Never install the PyPI package named `graphlearn`: it is an unrelated project."
+)
+
+_lock = threading.Lock()
+
+
+class GraphLearnImportError(ImportError):
+    """Alibaba graph-learn is not available (or not safely importable) in this environment."""
+
+
+def import_graphlearn() -> ModuleType:
+    """Return Alibaba GL's ``graphlearn`` module, importing it safely on first use.
+
+    Order: an already imported ``graphlearn`` (validated); an importable top-level
+    ``graphlearn`` that is Alibaba's; else the copy inside ``graphscope-client``, exposed as
+    top-level ``graphlearn`` through a symlink directory under the temp dir.
+
+    Raises:
+        GraphLearnImportError: GL is missing, the ``graphlearn`` found is not Alibaba's, or it
+            cannot be imported without aborting the process (vineyard registry not found,
+            numpy >= 2). The message names what to install or change.
+    """
+    with _lock:
+        mod = sys.modules.get("graphlearn")
+        if mod is not None:
+            _check_is_alibaba(mod)
+            return mod
+
+        pkg_dir = _top_level_graphlearn_dir()
+        if pkg_dir is None or not _looks_like_alibaba(pkg_dir):
+            bundled = _graphscope_bundled_dir()
+            if bundled is None:
+                if pkg_dir is not None:
+                    raise GraphLearnImportError(
+                        f"the `graphlearn` importable here ({pkg_dir}) is not Alibaba "
+                        "graph-learn (no pywrap_graphlearn extension): it is probably the "
+                        "unrelated PyPI package `graphlearn`; uninstall it, then " + _INSTALL_HINT
+                    )
+                raise GraphLearnImportError("Alibaba graph-learn was not found: " + _INSTALL_HINT)
+            shim = _ensure_symlink_dir(bundled)
+            # Prepend only when an unrelated top-level `graphlearn` would otherwise win.
+            if pkg_dir is not None:
+                sys.path.insert(0, shim)
+            elif shim not in sys.path:
+                sys.path.append(shim)
+            importlib.invalidate_caches()
+            pkg_dir = bundled
+
+        _check_numpy()
+        _ensure_vineyard_registry(pkg_dir)
+        try:
+            mod = importlib.import_module("graphlearn")
+        except ImportError as e:
+            raise GraphLearnImportError(
+                f"importing Alibaba graph-learn from {pkg_dir} failed: {e}. " + _INSTALL_HINT
+            ) from e
+        _check_is_alibaba(mod)
+        return mod
+
+
+def _top_level_graphlearn_dir() -> Path | None:
+    """Where a top-level ``graphlearn`` package would be imported from (not importing it)."""
+    try:
+        spec = importlib.util.find_spec("graphlearn")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _looks_like_alibaba(pkg_dir: Path) -> bool:
+    return (
+        any(pkg_dir.glob("pywrap_graphlearn*.so")) and (pkg_dir / "python" / "graph.py").is_file()
+    )
+
+
+def _graphscope_bundled_dir() -> Path | None:
+    """``<site-packages>/graphscope/learning/graphlearn`` without importing ``graphscope``."""
+    try:
+        spec = importlib.util.find_spec("graphscope")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        cand = Path(root) / "learning" / "graphlearn"
+        if _looks_like_alibaba(cand):
+            return cand.resolve()
+    return None
+
+
+def _cache_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"healthkit-graphlearn-{os.getuid()}"
+
+
+def _ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (mode 0700) or accept it only if it is ours and not writable by others:
+    a directory on ``sys.path`` under a world-writable temp dir must not be plantable."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise GraphLearnImportError(
+            f"refusing to use {path} for the graphlearn import shim: it is not a directory owned "
+            "by this user and closed to others; remove it or set TMPDIR elsewhere"
+        )
+
+
+def _ensure_symlink_dir(target: Path) -> str:
+    """Return a directory whose only entry is ``graphlearn -> target``.
+
+    One subdirectory per target (keyed by a hash of its path), so several venvs on one machine do
+    not fight over a single link; the link is replaced atomically so concurrent processes (e.g.
+    DataLoader workers importing at the same time) never observe a missing or half-made link.
+    """
+    root = _cache_root()
+    _ensure_private_dir(root)
+    sub = root / hashlib.sha256(str(target).encode()).hexdigest()[:16]
+    _ensure_private_dir(sub)
+    link = sub / "graphlearn"
+    try:
+        if os.readlink(link) == str(target):
+            return str(sub)
+    except OSError:
+        pass
+    tmp = sub / f".graphlearn.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    return str(sub)
+
+
+def _needs_vineyard(pkg_dir: Path) -> bool:
+    """The graphscope-client build links vineyard (its wheel bundles libvineyard_* next to GL)."""
+    real = pkg_dir.resolve()
+    libs = real.parents[2] / "graphscope_client.libs" if len(real.parents) > 2 else None
+    if libs is not None and libs.is_dir() and any(libs.glob("libvineyard*")):
+        return True
+    return "graphscope" in real.parts
+
+
+def _ensure_vineyard_registry(pkg_dir: Path) -> None:
+    current = os.environ.get(VINEYARD_REGISTRY_ENV)
+    if current and Path(current).is_file():
+        return
+    found = _find_vineyard_registry()
+    if found is not None:
+        os.environ[VINEYARD_REGISTRY_ENV] = str(found)
+        return
+    if _needs_vineyard(pkg_dir):
+        why = (
+            f"{VINEYARD_REGISTRY_ENV}={current!r} does not name an existing file"
+            if current
+            else "the `vineyard` package (which provides it) is not installed"
+        )
+        raise GraphLearnImportError(
+            f"Alibaba graph-learn at {pkg_dir} links vineyard and would abort the process "
+            f"(SIGABRT) on import without {_REGISTRY_LIB}: {why}. Install it with "
+            "`pip install --no-deps vineyard`, or point "
+            f"{VINEYARD_REGISTRY_ENV} at an existing {_REGISTRY_LIB}."
+        )
+
+
+def _find_vineyard_registry() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("vineyard")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        cand = Path(root) / _REGISTRY_LIB
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _check_numpy() -> None:
+    try:
+        version = importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        raise GraphLearnImportError("Alibaba graph-learn needs numpy<2: " + _INSTALL_HINT) from None
+    if int(version.split(".")[0]) >= 2:
+        raise GraphLearnImportError(
+            f"numpy {version} is installed; this Alibaba graph-learn build crashes (SIGSEGV) "
+            "with numpy 2: `pip install 'numpy<2'`"
+        )
+
+
+def _check_is_alibaba(mod: ModuleType) -> None:
+    if not (hasattr(mod, "Graph") and hasattr(mod, "set_tracker_mode")):
+        where = getattr(mod, "__file__", None) or "?"
+        raise GraphLearnImportError(
+            f"the imported `graphlearn` ({where}) is not Alibaba graph-learn (no Graph / "
+            "set_tracker_mode): it is probably the unrelated PyPI package `graphlearn`; "
+            "uninstall it, then " + _INSTALL_HINT
+        )

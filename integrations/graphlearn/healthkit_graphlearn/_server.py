@@ -1,0 +1,490 @@
+"""Launch the GL sampler server in a process we own, under a DisarmableWatchdog.
+
+Simplified from graph-learn's ``launch_server``/``_server_manager``
+(``graphlearn/python/nn/pytorch/data/utils.py``), which tzrec calls on LOCAL_RANK 0. GL's
+version starts a daemon process and returns nothing, so nobody can notice the server's death:
+its clients retry a dead connection for ~17 minutes and the job dies of a collective timeout
+that names no cause. Here:
+
+* the server is forked (the graph object cannot be pickled) and its handle kept;
+* it reports readiness over a pipe once ``graph.init()`` returns, and the launcher waits for
+  that *or* its death, within a bound: a server that dies while loading raises
+  :class:`SamplerServerStartupError` with the diagnosis instead of leaving clients retrying;
+* a DisarmableWatchdog watches it, by default from a sidecar process, because the rank's own
+  threads cannot run while its GL client call holds the GIL;
+* the server dies with its owner (``PR_SET_PDEATHSIG``), even when the owner is SIGKILLed;
+* a second launch in the same process returns the first server (GL's guard raised instead;
+  the tzrec PR had dropped it).
+
+The stats channel is dropped on purpose. GL's ``_server_manager`` stores
+``graph.server_get_stats()`` into a ``multiprocessing.Manager`` dict for ``get_counts()``. The
+server here still calls ``server_get_stats()`` (so it runs GL's exact init -> stats -> close
+sequence) but discards the result: nothing in tzrec reads ``get_counts()``, and the Manager
+would be one more helper process that can die unwatched. Do not "restore" it; a project that
+needs the counts can compute them from its node table.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Literal
+
+from healthkit import (
+    Action,
+    DisarmableWatchdog,
+    ExitDiagnoser,
+    HealthkitError,
+    ProcessDiedError,
+    ProcessWatch,
+    die_with_parent,
+    env_seconds,
+)
+from healthkit_graphlearn._env import DistEnv, check_index
+from healthkit_graphlearn._orphan import set_thread_name
+
+__all__ = [
+    "DEFAULT_READY_TIMEOUT",
+    "READY_TIMEOUT_ENV",
+    "LaunchContextError",
+    "SamplerServer",
+    "SamplerServerError",
+    "SamplerServerStartupError",
+    "SamplerServerTimeoutError",
+    "launch_sampler_server",
+]
+
+logger = logging.getLogger("healthkit.graphlearn")
+
+WatchMode = Literal["sidecar", "thread"]
+CleanExit = Literal["ignore", "warn", "fail"]
+
+READY_TIMEOUT_ENV = "HEALTHKIT_GL_READY_TIMEOUT"
+#: Loading a large node table can take minutes; a server that *dies* while loading is
+#: reported at once whatever this bound is.
+DEFAULT_READY_TIMEOUT = 600.0
+_STOP_TIMEOUT = 10.0
+
+
+class SamplerServerError(HealthkitError, RuntimeError):
+    """Base class of the errors the sampler-server launcher raises."""
+
+
+class SamplerServerStartupError(SamplerServerError, ProcessDiedError):
+    """The server process died before it was ready to serve; ``diagnosis`` says how."""
+
+
+class SamplerServerTimeoutError(SamplerServerError, TimeoutError):
+    """The server was still not ready at the deadline; it has been stopped."""
+
+
+class LaunchContextError(SamplerServerError):
+    """Launching (or stopping) from a thread or process where it cannot be done safely."""
+
+
+class SamplerServer:
+    """The handle on a running GL sampler server: its process, watch and watchdog.
+
+    ``stop()`` disarms the watchdog first, so ending the server on purpose is never reported
+    as a crash. At interpreter exit nothing needs to be called: the watchdog disarms itself
+    before multiprocessing's exit hook SIGTERMs the (daemon) server.
+    """
+
+    def __init__(
+        self,
+        process: BaseProcess,
+        watch: ProcessWatch,
+        watchdog: DisarmableWatchdog,
+        cluster: Mapping[str, int | str],
+        task_index: int,
+        address: str,
+        ready_after: float,
+        run_until_disarmed: bool = False,
+    ) -> None:
+        self.process = process
+        self.watch = watch
+        self.watchdog = watchdog
+        self.cluster: dict[str, int | str] = dict(cluster)
+        self.task_index = task_index
+        self.address = address
+        #: Seconds from fork to "ready to serve" (``graph.init()`` returned in the server).
+        self.ready_after = ready_after
+        self._run_until_disarmed = run_until_disarmed
+        self._owner_pid = os.getpid()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._exitcode: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.watch.name
+
+    @property
+    def pid(self) -> int:
+        return self.watch.pid
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def exitcode(self) -> int | None:
+        """The server's exit code once it ended (``-N``: killed by signal N)."""
+        if self._exitcode is None and not self._stopped and os.getpid() == self._owner_pid:
+            return self.process.exitcode
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        self._check_owner("check")
+        return not self._stopped and self.process.is_alive()
+
+    def _check_owner(self, what: str) -> None:
+        if os.getpid() != self._owner_pid:
+            raise LaunchContextError(
+                f"{self.name} belongs to pid {self._owner_pid}; a forked child (pid "
+                f"{os.getpid()}) cannot {what} it: do that in the process that launched it"
+            )
+
+    def stop(self, timeout: float = _STOP_TIMEOUT, *, grace: float = 0.0) -> int | None:
+        """Disarm the watchdog, then end the server; returns its exit code. Idempotent.
+
+        ``grace``: seconds to let it finish by itself first (after every client called
+        ``close()`` it exits 0 about 4 s later); then SIGTERM, and SIGKILL after ``timeout``.
+        """
+        self._check_owner("stop")
+        with self._lock:
+            if self._stopped:
+                return self._exitcode
+            self.watchdog.disarm(reason="SamplerServer.stop()")
+            proc = self.process
+            if grace > 0:
+                proc.join(grace)
+            if proc.exitcode is None:
+                proc.terminate()
+                proc.join(timeout)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()
+            self._exitcode = proc.exitcode
+            self.watch.close()
+            self._stopped = True
+        _forget(self)
+        logger.info("%s stopped (exit code %s)", self.name, self._exitcode)
+        return self._exitcode
+
+    def __enter__(self) -> SamplerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "armed" if self.watchdog.armed else "unwatched"
+        return f"<SamplerServer {self.name!r} pid={self.pid} {state}>"
+
+
+# One server per process: the duplicate-launch guard.
+_launch_lock = threading.Lock()
+_launched: SamplerServer | None = None
+def _forget(server: SamplerServer) -> None:
+    global _launched
+    with _launch_lock:
+        if _launched is server:
+            _launched = None
+
+
+def launch_sampler_server(
+    graph: Any,
+    cluster: Mapping[str, int | str],
+    task_index: int,
+    *,
+    local_rank: int | None = None,
+    mode: WatchMode = "sidecar",
+    ready_timeout: float | None = None,
+    arm: bool = True,
+    on_clean_exit: CleanExit = "ignore",
+    exit_code: int = 1,
+    actions: Sequence[Action] | None = None,
+) -> SamplerServer | None:
+    """Start this node's GL sampler server and watch it; ``None`` on ranks that run none.
+
+    Only ``local_rank`` 0 (default: ``$LOCAL_RANK``, else 0) starts a server; the other local
+    ranks return ``None`` at once. ``task_index`` is the node's ``GROUP_RANK``. Call it from the
+    main thread, before the clients (and before forking DataLoader workers).
+
+    Blocks until the server is ready to serve (``graph.init()`` returned in it), at most
+    ``ready_timeout`` seconds (default ``$HEALTHKIT_GL_READY_TIMEOUT``, else 600), then arms a
+    DisarmableWatchdog on it: on an abnormal exit the rank logs the diagnosis, writes the
+    torchelastic error file and exits so torchrun tears the job down in seconds.
+
+    ``mode="sidecar"`` (default) watches from a separate process: a client call against a
+    dead server holds the GIL for minutes, so a watcher *thread* in this process cannot run
+    (``mode="thread"`` is enough only together with :func:`shorten_client_retries`).
+    ``on_clean_exit``: the server exits 0 only after all ``client_count`` clients called
+    ``close()``, GL's orderly shutdown, so by default that is not a failure ("warn" logs it,
+    "fail" treats it like a crash). ``actions`` (thread mode only) replaces the default
+    log + error file + exit.
+
+    A second call in the same process returns the first server (and logs that it did).
+
+    Raises:
+        SamplerServerStartupError: the server died while starting; carries the diagnosis.
+        SamplerServerTimeoutError: not ready within ``ready_timeout``; it has been stopped.
+        LaunchContextError: called off the main thread, or in a process forked from the one
+            that launched the server.
+        InvalidEnvValueError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT``) is invalid.
+        ValueError, TypeError: a bad argument; the message says which.
+    """
+    global _launched
+    servers = _check_cluster(cluster)
+    check_index(task_index, "task_index")
+    if task_index >= len(servers):
+        raise ValueError(
+            f"task_index={task_index} but cluster['server'] lists {len(servers)} server(s): "
+            "a node's server has task_index = its GROUP_RANK, 0.."
+            f"{len(servers) - 1}"
+        )
+    if mode not in ("sidecar", "thread"):
+        raise ValueError(f"mode must be 'sidecar' or 'thread', got {mode!r}")
+    if on_clean_exit not in ("ignore", "warn", "fail"):
+        raise ValueError(f"on_clean_exit must be 'ignore', 'warn' or 'fail', got {on_clean_exit!r}")
+    if local_rank is None:
+        local_rank = DistEnv.local_rank_from_environ()
+    else:
+        check_index(local_rank, "local_rank")
+    if ready_timeout is None:
+        ready_timeout = env_seconds(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT, strict=True)
+    elif isinstance(ready_timeout, bool) or not (
+        isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")
+    ):
+        raise ValueError(
+            f"ready_timeout must be a positive number of seconds, got {ready_timeout!r}"
+        )
+    if local_rank != 0:
+        logger.debug("LOCAL_RANK=%d: the node's sampler server runs on local rank 0", local_rank)
+        return None
+
+    with _launch_lock:
+        existing = _launched
+        if existing is not None and existing._owner_pid != os.getpid():
+            raise LaunchContextError(
+                f"this process (pid {os.getpid()}) was forked from pid {existing._owner_pid}, "
+                f"which already runs {existing.name}: launch the server once, in the main "
+                "process, before forking DataLoader workers"
+            )
+        if existing is not None and not existing.stopped:
+            notes = []
+            if existing.cluster != dict(cluster) or existing.task_index != task_index:
+                notes.append(f"the new {cluster=}, {task_index=} are ignored")
+            if existing.exitcode is not None:
+                notes.append(f"it has exited with code {existing.exitcode}")
+            logger.log(
+                logging.WARNING if notes else logging.INFO,
+                "a graphlearn sampler server was already launched by this process: returning "
+                "%s instead of starting a second one%s",
+                existing,
+                f" ({'; '.join(notes)}; stop() it first to launch another)" if notes else "",
+            )
+            return existing
+        if threading.current_thread() is not threading.main_thread():
+            raise LaunchContextError(
+                "launch_sampler_server must be called from the main thread: the server is "
+                "killed when the thread that forked it ends (PR_SET_PDEATHSIG, the guarantee "
+                f"that it never outlives this process), and {threading.current_thread().name!r}"
+                " may end first"
+            )
+        server = _start(
+            graph,
+            dict(cluster),
+            task_index,
+            servers[task_index],
+            mode=mode,
+            ready_timeout=float(ready_timeout),
+            arm=arm,
+            on_clean_exit=on_clean_exit,
+            exit_code=exit_code,
+            actions=actions,
+        )
+        _launched = server
+        return server
+
+
+def _check_cluster(cluster: object) -> list[str]:
+    """The server list of a tzrec-shaped cluster spec, or an error saying what is wrong."""
+    if not isinstance(cluster, Mapping):
+        raise TypeError(
+            "cluster must be a mapping like {'server': 'host:port,...', 'client_count': N} "
+            f"(see get_cluster_spec), got {type(cluster).__name__}"
+        )
+    raw = cluster.get("server")
+    servers = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else []
+    if not servers or not all(_is_host_port(s) for s in servers):
+        raise ValueError(
+            f"cluster['server'] must be 'host:port[,host:port...]' (one per node), got {raw!r}"
+        )
+    count = cluster.get("client_count")
+    clients = cluster.get("client")
+    ok_count = isinstance(count, int) and not isinstance(count, bool) and count >= 1
+    if not ok_count and not (isinstance(clients, str) and clients.strip()):
+        raise ValueError(
+            "cluster needs 'client_count' (an int >= 1: WORLD_SIZE x clients per rank) or "
+            f"'client'; got client_count={count!r}"
+        )
+    return servers
+
+
+def _is_host_port(s: str) -> bool:
+    host, sep, port = s.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def _gl_module(graph: Any) -> Any:
+    """The ``graphlearn`` package the graph object comes from (already imported)."""
+    mod = type(graph).__module__
+    root = mod.split(".python.")[0] if ".python." in mod else mod.partition(".")[0]
+    found = sys.modules.get(root)
+    if found is not None and hasattr(found, "set_tracker_mode"):
+        return found
+    from healthkit_graphlearn._gl_import import import_graphlearn
+
+    return import_graphlearn()
+
+
+def _serve(
+    graph: Any,
+    cluster: dict[str, int | str],
+    task_index: int,
+    ready: Connection,
+    unused_end: Connection,
+    parent_pid: int,
+) -> None:
+    """The server process: GL's ``_server_manager`` with a readiness message, no stats."""
+    die_with_parent(parent_pid)  # first: from here on it cannot outlive its owner
+    set_thread_name("gl-sampler-srv")
+    unused_end.close()
+    # Inherited Python handlers cannot run while GL's native calls hold the GIL, which would
+    # make the SIGTERM of multiprocessing's exit hook a no-op and hang the owner's exit.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Ctrl-C is for the owner; the server ends with it (exit hook or parent-death signal).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # An explicit server list needs GL's RPC tracker mode; the default (file tracker) aborts.
+    _gl_module(graph).set_tracker_mode(0)
+    graph.init(cluster=cluster, job_name="server", task_index=task_index)
+    ready.send(os.getpid())
+    ready.close()
+    graph.server_get_stats()  # result dropped on purpose: see the module docstring
+    graph.close()  # returns once all client_count clients called close()
+
+
+def _start(
+    graph: Any,
+    cluster: dict[str, int | str],
+    task_index: int,
+    address: str,
+    *,
+    mode: WatchMode,
+    ready_timeout: float,
+    arm: bool,
+    on_clean_exit: CleanExit,
+    exit_code: int,
+    actions: Sequence[Action] | None,
+) -> SamplerServer:
+    name = f"graphlearn sampler server {task_index} at {address}"
+    diagnoser = ExitDiagnoser()  # OOM evidence is counted from here on
+    ctx = multiprocessing.get_context("fork")  # the graph object cannot be pickled
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_serve,
+        args=(graph, cluster, task_index, send, recv, os.getpid()),
+        name=name,
+        daemon=True,  # multiprocessing's exit hook ends it on a normal exit
+    )
+    started = time.monotonic()
+    try:
+        proc.start()
+    except BaseException:
+        recv.close()
+        raise
+    finally:
+        send.close()  # the child holds the only write end: its death reads as EOF
+    watch = ProcessWatch(proc, name=name)
+    try:
+        _wait_ready(recv, watch, diagnoser, ready_timeout)
+    except BaseException:
+        _kill(proc, watch)
+        raise
+    finally:
+        recv.close()
+    ready_after = time.monotonic() - started
+    watchdog = DisarmableWatchdog(
+        mode=mode,
+        name="healthkit_graphlearn",
+        diagnoser=diagnoser,
+        clean_exit_policy="warn" if on_clean_exit == "warn" else "fail",
+        exit_code=exit_code,
+        actions=actions,
+    )
+    until_disarmed = on_clean_exit != "ignore"
+    watchdog.watch(watch, run_until_disarmed=until_disarmed)
+    server = SamplerServer(
+        proc, watch, watchdog, cluster, task_index, address, ready_after, until_disarmed
+    )
+    if arm:
+        try:
+            watchdog.arm()
+        except BaseException:
+            _kill(proc, watch)
+            raise
+    logger.info(
+        "%s started as pid %d, ready after %.1f s, %s",
+        name,
+        proc.pid,
+        ready_after,
+        f"watched by the {mode} watchdog" if arm else "not watched (arm=False)",
+    )
+    return server
+
+
+def _wait_ready(
+    recv: Connection, watch: ProcessWatch, diagnoser: ExitDiagnoser, timeout: float
+) -> None:
+    """Return once the server says it serves; raise as soon as it dies, or at the deadline."""
+    ready = multiprocessing.connection.wait([recv, watch.fileno()], timeout)
+    if recv in ready:
+        try:
+            recv.recv()
+            return
+        except EOFError:
+            pass  # it died before sending: every write end is closed
+    if ready:
+        # The pipe's EOF can come a moment before the kernel reports the exit.
+        if watch.wait(_STOP_TIMEOUT) is not None:
+            diagnosis = diagnoser.diagnose(watch)
+            raise SamplerServerStartupError(
+                f"{watch.name} died while starting, before it was ready to serve; GL's own "
+                f"error is in the stderr above and in its glog files in {os.getcwd()}. "
+                f"Diagnosis: {diagnosis}",
+                diagnosis,
+            )
+    raise SamplerServerTimeoutError(
+        f"{watch.name} (pid {watch.pid}) was not ready to serve after {timeout:g} s "
+        "(graph.init() had not returned), so it was stopped. If loading the graph takes "
+        f"longer, raise ready_timeout= or ${READY_TIMEOUT_ENV}; otherwise look for the cause "
+        f"in its glog files in {os.getcwd()}"
+    )
+
+
+def _kill(proc: BaseProcess, watch: ProcessWatch) -> None:
+    if proc.exitcode is None:
+        watch.kill()
+    proc.join(_STOP_TIMEOUT)
+    watch.close()

@@ -1,0 +1,217 @@
+"""Run GL-owning processes for the tests and leave nothing behind.
+
+GL never runs in the pytest process: glog writes into the current directory, a client call
+against a dead server holds the GIL for minutes, and the server is forked. Each helper here
+starts its process in a scratch directory, reads its ``READY`` line with a deadline, and on
+the way out kills by pid whatever the process left running (its server and sidecar are not
+our children once it dies, so they are watched through pidfds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import healthkit as hk
+
+HERE = Path(__file__).resolve().parent
+OWNER = HERE / "scripts" / "gl_owner.py"
+EXAMPLE = HERE.parents[1] / "examples" / "graphlearn_negative_sampler.py"
+SKIP_RC = 77  # gl_owner.py exits with this when GL is not installed
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+
+SERVER_COMM = "gl-sampler-srv"  # the launcher names its server thread so (PR_SET_NAME)
+SIDECAR_MARK = "healthkit._sidecar"
+
+
+def open_watch(pid: int, mark: str) -> hk.ProcessWatch | None:
+    """A pidfd watch on ``pid`` if it still is the process we mean (its comm or command line
+    contains ``mark``): a pid read from a line may already name someone else's process."""
+    try:
+        w = hk.ProcessWatch(pid)
+    except hk.NoSuchProcessError:
+        return None
+    try:  # the pidfd pins the process now; check it is ours
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            ident = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            ident += f.read().decode(errors="replace")
+    except OSError:
+        ident = ""
+    if mark not in ident:
+        w.close()
+        return None
+    return w
+
+
+def reap(watches: dict[int, hk.ProcessWatch], wait: float = 10.0) -> list[int]:
+    """Wait up to ``wait`` s for each watched process to end; kill (and list) those that do
+    not. Closes every watch."""
+    strays = []
+    deadline = time.monotonic() + wait
+    for pid, w in watches.items():
+        with w:
+            if w.wait(max(0.0, deadline - time.monotonic())) is None:
+                strays.append(pid)
+                w.kill()
+                w.wait(10)
+    watches.clear()
+    return strays
+
+
+class LineReader:
+    """Read a pipe line by line with a deadline (``readline()`` alone can block forever)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._fd = stream.fileno()
+        self._buf = b""
+        self.lines: list[str] = []
+        self.eof = False
+
+    def until(self, pattern: str, timeout: float) -> re.Match[str] | None:
+        """The first match in the lines read so far or arriving within ``timeout`` s."""
+        rx = re.compile(pattern)
+        seen = 0
+        for line in self.lines:
+            seen += 1
+            m = rx.search(line)
+            if m:
+                return m
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._fd, selectors.EVENT_READ)
+            while not self.eof:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sel.select(remaining):
+                    return None
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    self.eof = True
+                    chunk = b"\n"
+                self._buf += chunk
+                *done, self._buf = self._buf.split(b"\n")
+                self.lines += [raw.decode(errors="replace") for raw in done]
+                for line in self.lines[seen:]:
+                    seen += 1
+                    m = rx.search(line)
+                    if m:
+                        return m
+        return None
+
+    def rest(self) -> str:
+        while not self.eof:
+            self.until(r"(?!x)x", 30)  # drain to EOF (the process has ended)
+        return "\n".join(self.lines)
+
+
+class Owner:
+    """``gl_owner.py SCENARIO ...`` in ``workdir``; stderr goes to a file (glog is chatty and a
+    full pipe would block the owner)."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.stderr_path = workdir / f"owner-{time.monotonic_ns()}.stderr"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(OWNER), *args],
+                cwd=workdir,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+        self.out = LineReader(self.proc.stdout)
+        self.server = 0
+        self.sidecar = 0
+        self.watches: dict[int, hk.ProcessWatch] = {}
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        m = self.out.until(r"^READY server=(\d+) sidecar=(\d+)", timeout)
+        if m is None:
+            rc, stdout, stderr = self.finish(30)
+            if rc == SKIP_RC:
+                pytest.skip(f"Alibaba graph-learn not available: {stderr[-500:]}")
+            pytest.fail(f"owner never got ready (rc={rc})\n{stdout}\n{stderr[-4000:]}")
+        self.server, self.sidecar = int(m.group(1)), int(m.group(2))
+        for pid, mark in ((self.server, SERVER_COMM), (self.sidecar, SIDECAR_MARK)):
+            w = open_watch(pid, mark) if pid else None
+            if w is not None:
+                self.watches[pid] = w
+
+    def finish(self, timeout: float = 90.0) -> tuple[int, str, str]:
+        """Wait for the owner; on timeout kill it and its descendants. Then reap its server and
+        sidecar (they must be gone: a live one is reported as a stray by the caller)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+        self.strays = reap(self.watches)
+        stdout = self.out.rest()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return self.proc.returncode, stdout, self.stderr_path.read_text(errors="replace")
+
+    def result(self, stdout: str, tag: str = "RESULT") -> dict[str, Any]:
+        for line in stdout.splitlines():
+            if line.startswith(tag + " "):
+                return dict(json.loads(line[len(tag) + 1 :]))
+        raise AssertionError(f"no {tag} line in:\n{stdout}")
+
+
+def run_owner(workdir: Path, *args: str, timeout: float = 90.0, **kw: Any) -> tuple[int, str, str]:
+    """Run a scenario that ends by itself; skip when GL is missing; fail on strays."""
+    owner = Owner(workdir, *args, **kw)
+    if args[0] not in ("startup-death", "ready-timeout"):
+        owner.wait_ready(timeout)
+    rc, out, err = owner.finish(timeout)
+    if rc == SKIP_RC:
+        pytest.skip(f"Alibaba graph-learn not available: {err[-500:]}")
+    assert owner.strays == [], f"left running: {owner.strays}"
+    return rc, out, err
+
+
+def alarms(stderr: str) -> list[str]:
+    """healthkit lines that are not the launcher's INFO notes: errors, warnings, the sidecar."""
+    return [
+        line
+        for line in stderr.splitlines()
+        if "healthkit" in line and not line.startswith("INFO healthkit.graphlearn:")
+    ]
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True

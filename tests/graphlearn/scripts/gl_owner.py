@@ -1,0 +1,193 @@
+"""A rank that owns a real GL sampler server through launch_sampler_server, driven by the tests.
+
+Run it with a scratch directory as the current directory (GL writes glog files there).
+It prints ``READY server=<pid> sidecar=<pid or 0>`` once the server serves (and, for the
+sampling scenarios, once the first sample came back), then plays its scenario:
+
+  sample       clients sample (``--workers 0``: in this process; N: in N DataLoader workers),
+               print ``RESULT <json>``, then return from main *without* stopping anything
+               (the interpreter-exit teardown path)
+  sample-stop  the same, then ``server.stop()`` after the client closed
+  duplicate    launch twice; print whether the second call returned the same handle
+  serve        sleep (an idle owner) until killed
+  sample-loop  sample in a loop in this process (a GL call is in flight almost always)
+  exit-after-death  kill the server and leave main at once, before the watcher can run
+  startup-death / ready-timeout   launch a server that cannot become ready
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gl_harness
+import healthkit_graphlearn as hkgl
+
+SKIP_RC = 77
+EXPAND = 2
+
+
+def _ready(server: hkgl.SamplerServer | None) -> None:
+    sidecar = 0
+    if server is not None and server.watchdog.sidecar_pid is not None:
+        sidecar = server.watchdog.sidecar_pid
+    pid = server.pid if server is not None else 0
+    print(f"READY server={pid} sidecar={sidecar}", flush=True)
+
+
+def _sample_main(gl: Any, graph: Any, cluster: dict[str, Any], n: int) -> list[list[int]]:
+    gl.set_tracker_mode(0)
+    graph.init(task_index=hkgl.client_task_index(), job_name="client", cluster=cluster)
+    sampler = graph.negative_sampler(gl_harness.NODE_TYPE, EXPAND, strategy="node_weight")
+    return [row for i in range(n) for row in sampler.get([i % 100, (i + 1) % 100]).ids.tolist()]
+
+
+def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class NegativeSamples(Dataset[Any]):
+        """Each worker opens its own GL client lazily, as tzrec's sampler does."""
+
+        def __init__(self) -> None:
+            self.sampler: Any = None
+
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> Any:
+            if self.sampler is None:
+                gl.set_tracker_mode(0)
+                task = hkgl.client_task_index(num_client_per_rank=workers)
+                graph.init(task_index=task, job_name="client", cluster=cluster)
+                self.sampler = graph.negative_sampler(
+                    gl_harness.NODE_TYPE, EXPAND, strategy="node_weight"
+                )
+            ids = self.sampler.get([i % 100]).ids.reshape(-1)
+            return torch.as_tensor(ids), torch.tensor(os.getpid())
+
+    pids: set[int] = set()
+    ids: list[int] = []
+    for batch_ids, batch_pids in DataLoader(NegativeSamples(), batch_size=2, num_workers=workers):
+        ids += batch_ids.reshape(-1).tolist()
+        pids.update(batch_pids.tolist())
+    return {"ids": ids, "client_pids": sorted(pids)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario")
+    ap.add_argument("--mode", default="sidecar")
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--shorten", type=int, default=0, help="shorten_client_retries(N) if N > 0")
+    args = ap.parse_args()
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        gl = hkgl.import_graphlearn()
+    except hkgl.GraphLearnImportError as e:
+        print(e, file=sys.stderr)
+        return SKIP_RC
+
+    node_file = gl_harness.write_node_file(Path.cwd() / "items.txt")
+    if args.scenario == "startup-death":
+        node_file = str(Path.cwd() / "missing-items.txt")  # GL aborts while loading it
+    graph = gl_harness.build_graph(gl, node_file)
+    clients = max(args.workers, 1)
+    cluster: dict[str, Any] = hkgl.get_cluster_spec(clients, host="127.0.0.1")
+
+    if args.scenario in ("startup-death", "ready-timeout"):
+        timeout = 0.5 if args.scenario == "ready-timeout" else None
+        started = time.monotonic()
+        try:
+            hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode, ready_timeout=timeout)
+        except hkgl.SamplerServerError as e:
+            import multiprocessing
+
+            d = getattr(e, "diagnosis", None)
+            print("RAISED " + json.dumps({
+                "type": type(e).__name__,
+                "message": str(e),
+                "signal": d.signal.name if d is not None and d.signal else None,
+                "cause": d.cause.name if d is not None else None,
+                "after_s": time.monotonic() - started,
+                "children": [p.pid for p in multiprocessing.active_children()],
+            }), flush=True)  # fmt: skip
+            return 0
+        print("NOT RAISED", flush=True)
+        return 1
+
+    server = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode)
+    assert server is not None
+
+    if args.scenario == "duplicate":
+        again = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode)
+        other = hkgl.launch_sampler_server(graph, {**cluster, "client_count": 9}, 0, mode=args.mode)
+        import multiprocessing
+
+        _ready(server)
+        print(f"SAME {again is server and other is server}", flush=True)
+        servers = [p for p in multiprocessing.active_children() if "sampler server" in p.name]
+        print(f"COUNT {len(servers)}", flush=True)
+        return 0
+
+    if args.scenario == "exit-after-death":
+        # The server dies and the main thread exits at once, before the watcher can report:
+        # what a client's UnavailableError propagating out of main looks like.
+        _ready(server)
+        import ctypes
+        import signal
+
+        os.kill(server.pid, signal.SIGKILL)
+        siginfo = ctypes.create_string_buffer(128)
+        # libc waitid through PyDLL keeps the GIL: the watcher thread cannot run meanwhile.
+        # P_PID = 1; WEXITED | WNOWAIT: wait until it is a zombie, without reaping it.
+        ctypes.PyDLL(None).waitid(1, server.pid, siginfo, os.WEXITED | os.WNOWAIT)
+        sys.exit(3)
+
+    if args.scenario == "serve":
+        _ready(server)
+        time.sleep(600)
+        return 1
+
+    if args.scenario == "sample-loop":
+        gl.set_tracker_mode(0)
+        graph.init(task_index=0, job_name="client", cluster=cluster)
+        sampler = graph.negative_sampler(gl_harness.NODE_TYPE, EXPAND, strategy="node_weight")
+        sampler.get([0, 1])
+        if args.shorten:
+            hkgl.shorten_client_retries(args.shorten)
+        _ready(server)
+        calls = 0
+        while True:  # the test SIGKILLs the server; this call then blocks holding the GIL
+            sampler.get(list(range(64)))
+            calls += 1
+
+    if args.workers == 0:
+        rows = _sample_main(gl, graph, cluster, 4)
+        result: dict[str, Any] = {"ids": [i for row in rows for i in row]}
+        result["client_pids"] = [os.getpid()]
+    else:
+        result = _sample_workers(gl, graph, cluster, args.workers)
+    result["server_pid"] = server.pid
+    result["server_alive"] = server.is_alive()
+    _ready(server)
+    if args.scenario == "sample-stop":
+        if args.workers == 0:
+            graph.close()  # the client's goodbye lets the server's close() return by itself
+        result["stop_exitcode"] = server.stop(grace=15.0 if args.workers == 0 else 0.0)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""End to end under torchrun: 2 ranks (gloo), the GL server on local rank 0, both ranks in a
+loop of sampling + all_reduce (examples/graphlearn_negative_sampler.py). Killing the server
+ends the job in seconds with the server named as torchrun's root cause; the same job left
+alone finishes with exit code 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import healthkit_graphlearn as hkgl
+import pytest
+from gl_procs import EXAMPLE, LineReader, alarms
+
+pytestmark = pytest.mark.graphlearn
+pytest.importorskip("torch")
+
+NEVER = r"(?!x)x"
+
+
+def _gl_available() -> None:
+    code = "import healthkit_graphlearn as h; h.import_graphlearn()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"Alibaba graph-learn not available: {r.stderr[-500:]}")
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):  # field 6: session id
+            members.append(int(entry))
+    return members
+
+
+class Job:
+    """torchrun in its own session: on the way out, whatever is left of the session (ours
+    alone) is reported and SIGKILLed by process group."""
+
+    def __init__(self, workdir: Path, *args: str) -> None:
+        self.pid_file = workdir / "server.pid"
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "torchrun"),
+            "--nnodes=1", "--nproc_per_node=2", "--max_restarts=0",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{hkgl.free_port()}",
+            str(EXAMPLE), "--host", "127.0.0.1", "--pid-file", str(self.pid_file), *args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+        )
+        self.out = LineReader(self.proc.stdout)
+
+    def wait_training(self, timeout: float = 120.0) -> int:
+        deadline = time.monotonic() + timeout
+        for rank in (0, 1):
+            if self.out.until(rf"TRAINING rank={rank}", deadline - time.monotonic()) is None:
+                self.finish(0)
+                pytest.fail("the job never started training:\n" + "\n".join(self.out.lines))
+        return int(self.pid_file.read_text())
+
+    def finish(self, timeout: float) -> tuple[int | None, str, list[int]]:
+        """Drain the output until torchrun exits (at most ``timeout`` s), then clean up."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.out.until(NEVER, min(0.2, max(0.0, deadline - time.monotonic())))
+        rc = self.proc.poll()
+        strays = _session_members(self.proc.pid)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        self.out.until(NEVER, 10)  # drain to EOF
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return rc, "\n".join(self.out.lines), strays
+
+
+@pytest.mark.timeout(300)
+def test_killing_the_server_ends_the_job_in_seconds_with_it_as_the_root_cause(
+    tmp_path: Path,
+) -> None:
+    _gl_available()
+    job = Job(tmp_path, "--steps", "0")  # train until killed
+    server = job.wait_training()
+    killed_at = time.monotonic()
+    os.kill(server, signal.SIGKILL)
+    rc, out, strays = job.finish(timeout=90)
+    elapsed = time.monotonic() - killed_at
+    assert rc is not None, "the job hung after its server died:\n" + out[-5000:]
+    assert rc != 0
+    assert elapsed < 60, out[-5000:]  # seconds, not GL's ~17 min of retries
+    assert strays == []
+    root = out[out.index("Root Cause") :]
+    assert re.search(r"rank\s*: 0", root), root
+    pattern = r"traceback : healthkit_graphlearn \(sidecar\): graphlearn sampler server 0 at "
+    pattern += rf"127\.0\.0\.1:\d+ \(pid {server}\) was killed by SIGKILL"
+    assert re.search(pattern, root), root
+
+
+@pytest.mark.timeout(300)
+def test_the_same_job_left_alone_finishes_with_exit_code_0(tmp_path: Path) -> None:
+    _gl_available()
+    job = Job(tmp_path, "--steps", "40")
+    job.wait_training()
+    rc, out, strays = job.finish(timeout=120)
+    assert rc == 0, out[-5000:]
+    assert "JOB DONE rank=0" in out and "JOB DONE rank=1" in out
+    assert "Root Cause" not in out
+    assert alarms(out) == [], out[-5000:]
+    assert strays == []
