@@ -31,7 +31,7 @@ from healthkit._errors import (
     WatchClosedError,
 )
 from healthkit._orphan import die_with_parent
-from healthkit._stacks import dump_stack, enable_stack_dumps
+from healthkit._stacks import dump_stack, dump_stacks, enable_stack_dumps
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
 
@@ -46,6 +46,7 @@ __all__ = [
     "PartyReport",
     "die_with_parent",
     "dump_stack",
+    "dump_stacks",
     "enable_stack_dumps",
     "env_seconds",
     "init_bound_from_env",

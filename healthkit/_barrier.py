@@ -29,7 +29,7 @@ import attrs
 from healthkit._bounds import EnvBound
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import HealthkitError, NoSuchProcessError, check_timeout
-from healthkit._stacks import dump_stack, enable_stack_dumps
+from healthkit._stacks import dump_stacks, enable_stack_dumps
 from healthkit._watch import ProcessWatch, read_proc_stat
 
 __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
@@ -364,6 +364,11 @@ class BoundedBarrier:
         elapsed: float,
         diagnoser: ExitDiagnoser,
     ) -> BarrierBrokenError:
+        stuck = [
+            w.pid for rank, w in enumerate(watches)
+            if not self._arrived[rank] and w.poll() is None
+        ]  # fmt: skip
+        stacks = dump_stacks(self._stack_dir, stuck)  # all at once: one short wait
         reports = []
         for rank, watch in enumerate(watches):
             arrived = bool(self._arrived[rank])
@@ -376,9 +381,9 @@ class BoundedBarrier:
             elif arrived:
                 reports.append(PartyReport(rank, watch.name, watch.pid, "arrived", True))
             else:
-                stack = dump_stack(self._stack_dir, watch.pid)
                 reports.append(
-                    PartyReport(rank, watch.name, watch.pid, "not arrived", False, stack=stack)
+                    PartyReport(rank, watch.name, watch.pid, "not arrived", False,
+                                stack=stacks.get(watch.pid))
                 )
         parties = tuple(reports)
         message = self._message(outcome, parties, elapsed)

@@ -16,7 +16,7 @@ import signal
 import time
 from typing import IO
 
-__all__ = ["dump_stack", "enable_stack_dumps", "stack_file"]
+__all__ = ["dump_stack", "dump_stacks", "enable_stack_dumps", "stack_file"]
 
 DEFAULT_SIGNAL = signal.SIGUSR2
 _open_files: dict[str, IO[str]] = {}
@@ -40,33 +40,50 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str:
     return path
 
 
+def dump_stacks(
+    directory: str, pids: list[int], *, signum: int = DEFAULT_SIGNAL, timeout: float = 2.0
+) -> dict[int, str | None]:
+    """Ask live processes that called :func:`enable_stack_dumps` for their stacks, all at once.
+
+    Returns ``pid -> dump``; ``None`` for a process that never registered (it is not
+    signalled at all: the signal would kill it) or did not answer within ``timeout``.
+    """
+    started: dict[int, int] = {}
+    for pid in pids:
+        path = stack_file(directory, pid)
+        if not os.path.exists(path):
+            continue
+        before = os.path.getsize(path)
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            continue
+        started[pid] = before
+    # The handler is C code writing synchronously (microseconds); it needs no GIL. Poll
+    # briefly until each file has grown and then held still once: this runs only on the
+    # failure path.
+    sizes = dict(started)
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(done) < len(started) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        for pid, before in started.items():
+            if pid in done:
+                continue
+            size = os.path.getsize(stack_file(directory, pid))
+            if size > before and size == sizes[pid]:
+                done.add(pid)
+            sizes[pid] = size
+    out: dict[int, str | None] = {pid: None for pid in pids}
+    for pid, before in started.items():
+        with open(stack_file(directory, pid)) as f:
+            f.seek(before)
+            out[pid] = f.read() or None
+    return out
+
+
 def dump_stack(
     directory: str, pid: int, *, signum: int = DEFAULT_SIGNAL, timeout: float = 2.0
 ) -> str | None:
-    """Ask a live process that called :func:`enable_stack_dumps` for its stacks.
-
-    Returns the dump, or ``None`` when the process never registered (then it is not
-    signalled at all) or did not answer within ``timeout``.
-    """
-    path = stack_file(directory, pid)
-    if not os.path.exists(path):
-        return None
-    before = os.path.getsize(path)
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        return None
-    deadline = time.monotonic() + timeout
-    size = before
-    # The dump is written by the target asynchronously; wait until it stops growing. This
-    # runs once per stuck worker on the failure path only, so a short poll is fine here.
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        new = os.path.getsize(path)
-        if new > before and new == size:
-            break
-        size = new
-    with open(path) as f:
-        f.seek(before)
-        text = f.read()
-    return text or None
+    """:func:`dump_stacks` for one process."""
+    return dump_stacks(directory, [pid], signum=signum, timeout=timeout)[pid]

@@ -1,0 +1,214 @@
+"""Shared helpers for the benchmarks: statistics, machine description, process helpers.
+
+Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC), which is one clock for every
+process on the machine, so a time taken in one process can be subtracted from a time taken
+in another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS_SCRIPTS = ROOT / "tests" / "scripts"
+SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "sleep"
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def summarize(values_s: Sequence[float]) -> dict[str, Any]:
+    """p50/p90/p99/max/mean of a list of seconds (numpy's linear-interpolation percentiles)."""
+    import numpy as np
+
+    if not values_s:
+        return {"n": 0}
+    a = np.asarray(values_s, dtype=float)
+    return {
+        "n": int(a.size),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+        "min": float(a.min()),
+        "mean": float(a.mean()),
+    }
+
+
+def uniform_poll_model(interval_s: float) -> dict[str, Any]:
+    """Latency of a poll with period T when the death falls at a uniformly random phase:
+    uniform on (0, T]. Analytical, not measured."""
+    return {
+        "n": 0,
+        "p50": 0.5 * interval_s,
+        "p90": 0.9 * interval_s,
+        "p99": 0.99 * interval_s,
+        "max": interval_s,
+        "min": 0.0,
+        "mean": 0.5 * interval_s,
+        "analytical": True,
+    }
+
+
+def loadavg() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def raise_nofile() -> tuple[int, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def _meminfo_total_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> dict[str, Any]:
+    mem = _meminfo_total_gib()
+    return {
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gib": round(mem, 1) if mem else None,
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "healthkit": _version("healthkit"),
+        "numpy": _version("numpy"),
+        "matplotlib": _version("matplotlib"),
+        "clock": "CLOCK_MONOTONIC (time.monotonic_ns)",
+    }
+
+
+# ---------------------------------------------------------------------- /proc readers
+def thread_cpu_s(thread_ident: int) -> float:
+    """CPU time (user+system) of another thread of this process, in ns precision."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread_ident))
+
+
+def thread_ctxt_switches(native_id: int) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) context switches of one thread of this process."""
+    vol = nonvol = 0
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                vol = int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                nonvol = int(line.split()[1])
+    return vol, nonvol
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is ``sid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        fields = raw.rpartition(")")[2].split()
+        # fields[0] = state (field 3), fields[3] = session (field 6)
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
+# ---------------------------------------------------------------------- children
+def spawn_sleepers(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` cheap idle children (``sleep``), in this process's session."""
+    return [
+        subprocess.Popen([SLEEP, "3600"], stdin=subprocess.DEVNULL, close_fds=True)
+        for _ in range(n)
+    ]
+
+
+def stop_children(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.wait(10)
+
+
+def sleep_forever() -> None:  # target of fork-started helpers
+    time.sleep(3600)
+
+
+@contextlib.contextmanager
+def section(results: dict[str, Any], name: str) -> Iterator[dict[str, Any]]:
+    """Time a benchmark section and record the load average before and after."""
+    entry: dict[str, Any] = {"load_before": loadavg()}
+    t0 = time.monotonic()
+    print(f"[bench] {name} ... (load {entry['load_before'][0]:.2f})", flush=True)
+    try:
+        yield entry
+    finally:
+        entry["load_after"] = loadavg()
+        entry["wall_s"] = time.monotonic() - t0
+        results[name] = entry
+        print(f"[bench] {name} done in {entry['wall_s']:.1f}s", flush=True)
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL a process group we created with start_new_session=True."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def python() -> str:
+    return sys.executable
