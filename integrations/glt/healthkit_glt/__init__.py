@@ -1,1 +1,57 @@
-"""healthkit integration for graphlearn-torch."""
+"""healthkit integration for graphlearn-torch: a sampling producer that fails fast instead of
+hanging, with GiGL's pluggable sampler factory and worker loop.
+
+Importing this imports torch and graphlearn-torch (``import healthkit`` does not).
+"""
+
+from healthkit import BarrierBrokenError, BarrierTimeoutError
+from healthkit_glt._config import (
+    DEFAULT_INIT_TIMEOUT_MULTIPLIER,
+    DEFAULT_RPC_INIT_TIMEOUT_S,
+    RPC_INIT_TIMEOUT_ENV,
+    STEADY_STATE_RPC_TIMEOUT_ENV,
+    TimeoutPlan,
+    resolve_timeouts,
+)
+from healthkit_glt._loader import DistNeighborLoader
+from healthkit_glt._producer import DistSamplingProducer, SamplingWorkerDiedError
+from healthkit_glt._worker import (
+    SamplerFactory,
+    SamplingWorkerContext,
+    WorkerLoop,
+    create_dist_sampler,
+    default_worker_loop,
+    init_sampling_worker,
+    narrow_rpc_timeout,
+    pass_init_barrier,
+    run_task_loop,
+    start_sampler,
+    teardown_sampling_worker,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
+    "DEFAULT_RPC_INIT_TIMEOUT_S",
+    "RPC_INIT_TIMEOUT_ENV",
+    "STEADY_STATE_RPC_TIMEOUT_ENV",
+    "BarrierBrokenError",
+    "BarrierTimeoutError",
+    "DistNeighborLoader",
+    "DistSamplingProducer",
+    "SamplerFactory",
+    "SamplingWorkerContext",
+    "SamplingWorkerDiedError",
+    "TimeoutPlan",
+    "WorkerLoop",
+    "create_dist_sampler",
+    "default_worker_loop",
+    "init_sampling_worker",
+    "narrow_rpc_timeout",
+    "pass_init_barrier",
+    "resolve_timeouts",
+    "run_task_loop",
+    "start_sampler",
+    "teardown_sampling_worker",
+]

@@ -1,0 +1,114 @@
+"""The producer's time bounds: arguments first, then environment variables, then defaults.
+
+Why two RPC timeouts: a sampling worker's bring-up (spawn, torch import, ``init_rpc`` gather
+across every worker of every rank) can legitimately take minutes on a cold, loaded cluster,
+so it gets a generous request timeout. Once every worker is past the init barrier, the same
+generous value would let a stuck steady-state sampling RPC hide for minutes, so the worker
+narrows it (GiGL's design). The init barrier's bound is ``k x`` the bring-up timeout, because
+the barrier covers the whole bring-up (several RPC round trips plus process start-up), not
+one request.
+
+A bad environment value (``abc``, ``-1``, ``nan``, ``0``) never becomes a hang or a zero
+timeout: it is replaced by the default with an :class:`healthkit.EnvValueWarning` that names
+the variable (or rejected with :class:`healthkit.InvalidEnvValueError` in strict mode).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from healthkit import EnvBound, env_seconds, init_bound_from_env
+
+__all__ = [
+    "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
+    "DEFAULT_RPC_INIT_TIMEOUT_S",
+    "RPC_INIT_TIMEOUT_ENV",
+    "STEADY_STATE_RPC_TIMEOUT_ENV",
+    "TimeoutPlan",
+    "resolve_timeouts",
+]
+
+RPC_INIT_TIMEOUT_ENV = "HEALTHKIT_GLT_RPC_INIT_TIMEOUT_SECONDS"
+"""Bring-up RPC request timeout of the sampling workers, in seconds (default 600, as GiGL)."""
+
+STEADY_STATE_RPC_TIMEOUT_ENV = "HEALTHKIT_GLT_STEADY_STATE_RPC_TIMEOUT_SECONDS"
+"""Steady-state RPC request timeout, set right after the init barrier (default: the
+``rpc_timeout`` of the worker options, i.e. what GLT itself would use)."""
+
+DEFAULT_RPC_INIT_TIMEOUT_S = 600.0
+DEFAULT_INIT_TIMEOUT_MULTIPLIER = 3.0  # k: init barrier bound = k x bring-up RPC timeout
+
+
+def _positive(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+    return v
+
+
+@attrs.frozen
+class TimeoutPlan:
+    """The resolved bounds of one producer (what the workers and the barrier use)."""
+
+    rpc_init_timeout: float
+    steady_state_rpc_timeout: float
+    init_timeout_multiplier: float
+    init_bound: float | EnvBound  # what BoundedBarrier gets; an EnvBound names its env var
+    rpc_init_source: str
+    steady_state_source: str
+
+    @property
+    def init_bound_seconds(self) -> float:
+        b = self.init_bound
+        return b.seconds if isinstance(b, EnvBound) else b
+
+    def describe(self) -> str:
+        return (
+            f"init barrier bound {self.init_bound_seconds:g}s = "
+            f"{self.init_timeout_multiplier:g} x bring-up RPC timeout "
+            f"{self.rpc_init_timeout:g}s ({self.rpc_init_source}); steady-state RPC timeout "
+            f"{self.steady_state_rpc_timeout:g}s ({self.steady_state_source})"
+        )
+
+
+def resolve_timeouts(
+    *,
+    rpc_init_timeout: float | None,
+    steady_state_rpc_timeout: float | None,
+    init_timeout_multiplier: float,
+    options_rpc_timeout: float,
+    strict_env: bool = False,
+) -> TimeoutPlan:
+    """Resolve the bring-up timeout, the steady-state timeout and the barrier bound.
+
+    Precedence, each: explicit argument > environment variable > default. The default
+    steady-state timeout is ``options_rpc_timeout`` (``worker_options.rpc_timeout``), so a
+    GLT user's existing request timeout keeps its meaning in steady state.
+    """
+    k = _positive(init_timeout_multiplier, "init_timeout_multiplier")
+    bound: float | EnvBound
+    if rpc_init_timeout is not None:
+        init_s = _positive(rpc_init_timeout, "rpc_init_timeout")
+        bound, init_src = init_s * k, "argument rpc_init_timeout"
+    else:
+        env_bound = init_bound_from_env(
+            RPC_INIT_TIMEOUT_ENV, DEFAULT_RPC_INIT_TIMEOUT_S, k, strict=strict_env
+        )
+        init_s, bound = env_bound.per_unit, env_bound
+        init_src = f"${RPC_INIT_TIMEOUT_ENV}" if env_bound.from_env else "default"
+    if steady_state_rpc_timeout is not None:
+        steady_s = _positive(steady_state_rpc_timeout, "steady_state_rpc_timeout")
+        steady_src = "argument steady_state_rpc_timeout"
+    else:
+        fallback = _positive(options_rpc_timeout, "worker_options.rpc_timeout")
+        steady_s = env_seconds(STEADY_STATE_RPC_TIMEOUT_ENV, fallback, strict=strict_env)
+        steady_src = (
+            f"${STEADY_STATE_RPC_TIMEOUT_ENV}"
+            if steady_s != fallback
+            else "worker_options.rpc_timeout"
+        )
+    return TimeoutPlan(init_s, steady_s, k, bound, init_src, steady_src)

@@ -1,0 +1,581 @@
+"""DistSamplingProducer: GLT's multiprocessing sampling producer that fails instead of hanging.
+
+Three places where stock GLT 0.2.4 waits forever, and what this producer does instead:
+
+- ``init()``: ``barrier.wait()`` with no bound; a worker that dies during bring-up leaves the
+  parent there forever. Here the rendezvous is a :class:`healthkit.BoundedBarrier` bounded
+  by ``k x`` the bring-up RPC timeout, which fails within milliseconds of a death and at the
+  bound when a worker is merely stuck (with its stack), then tears the workers down.
+- the epoch: ``ShmChannel.recv()`` with no bound; a worker that dies mid-epoch leaves the
+  consumer there forever, and ``recv(timeout_ms)`` does not help when the dead worker had
+  already claimed a ring slot (an unbounded ``sem_wait`` in C++ that no signal can end).
+  Here :meth:`DistSamplingProducer.recv` runs the C++ receive in a helper thread and waits on
+  that thread's hand-off *and* every worker's exit fd (pidfd) at once, so a death ends the
+  wait within milliseconds and raises :class:`SamplingWorkerDiedError` with a diagnosis.
+- ``shutdown()``: sequential 5 s joins per worker, a ``terminate()`` without a join (zombies,
+  exit code ``None``), and a flag set only after the work. Here it is idempotent (flag
+  first), bounded (STOP, a joint join, terminate, kill), and stops watching before it tears
+  down, so workers that exit 0 on our SIGTERM (torch's handlers) are never reported.
+
+The trade-off of the receive thread: when a worker died holding a claimed ring slot, the
+helper thread stays blocked in C++ for the life of the process (it cannot be interrupted).
+The producer is then unusable (it is torn down at once), the thread is a daemon that blocks
+nothing else, and the channel's SysV segment, which that thread keeps attached, is marked
+for removal so it goes away when the process exits instead of leaking.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import select
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from graphlearn_torch.channel import ChannelBase, QueueTimeoutError
+from graphlearn_torch.distributed import DistMpSamplingProducer
+from graphlearn_torch.distributed.dist_sampling_producer import MpCommand
+from graphlearn_torch.utils import seed_everything
+
+from healthkit import (
+    BarrierBrokenError,
+    BoundedBarrier,
+    Diagnosis,
+    ExitDiagnoser,
+    ProcessDiedError,
+    ProcessWatch,
+)
+from healthkit_glt._config import (
+    DEFAULT_INIT_TIMEOUT_MULTIPLIER,
+    RPC_INIT_TIMEOUT_ENV,
+    TimeoutPlan,
+    resolve_timeouts,
+)
+from healthkit_glt._worker import (
+    SamplerFactory,
+    SamplingWorkerContext,
+    WorkerLoop,
+    _worker_entry,
+    create_dist_sampler,
+    default_worker_loop,
+    error_file,
+)
+
+__all__ = ["DistSamplingProducer", "SamplingWorkerDiedError"]
+
+logger = logging.getLogger("healthkit_glt")
+
+_IPC_RMID = 0
+
+
+class SamplingWorkerDiedError(ProcessDiedError):
+    """A sampling worker died after the init barrier (mid-epoch or between epochs).
+
+    ``diagnosis`` is the first dead worker's; ``diagnoses`` has every dead worker's;
+    ``rank`` is the first dead worker's rank. The producer is torn down when this is raised.
+    """
+
+    def __init__(
+        self, message: str, diagnosis: Diagnosis, *, rank: int, diagnoses: tuple[Diagnosis, ...]
+    ) -> None:
+        super().__init__(message, diagnosis)
+        self.rank = rank
+        self.diagnoses = diagnoses
+
+
+class _Receiver:
+    """Receives from the channel in a helper thread; the consumer waits on the hand-off and
+    the workers' exit fds at once (see the module docstring for why and for the trade-off).
+
+    One request at a time, like the stock loader: the thread does not prefetch, so the
+    number of ring slots a consumer holds is the same as with stock GLT.
+
+    The wait is a bare ``poll()`` on a fixed set of fds (a hand-off pipe plus each
+    worker's pidfd from :class:`healthkit.ProcessWatch`), not :class:`healthkit.WatchSet`:
+    this runs once per batch, the fd set never changes, and WatchSet's thread-safe
+    add/remove/close bookkeeping measured as a large part of the per-batch cost here.
+    """
+
+    def __init__(
+        self,
+        channel: ChannelBase,
+        workers: Sequence[BaseProcess],
+        poll_ms: int,
+    ) -> None:
+        self._channel = channel
+        self._poll_ms = poll_ms
+        self.watches = [
+            ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)
+        ]
+        self.ranks = {id(w): rank for rank, w in enumerate(self.watches)}
+        self._ready_r, self._ready_w = os.pipe()
+        self._poller = select.poll()
+        self._poller.register(self._ready_r, select.POLLIN)
+        self._by_fd: dict[int, ProcessWatch] = {}
+        for w in self.watches:
+            self._poller.register(w.fileno(), select.POLLIN)
+            self._by_fd[w.fileno()] = w
+        self._requests = threading.Semaphore(0)
+        self._results: deque[tuple[bool, Any]] = deque()
+        self._pending = False
+        self._stopping = False
+        self._fds_closed = False
+        self.thread = threading.Thread(
+            target=self._run, name="healthkit-glt receiver", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        channel, results, ready_w = self._channel, self._results, self._ready_w
+        while True:
+            self._requests.acquire()
+            if self._stopping:
+                return
+            while True:
+                try:
+                    # Bounded, so a stop request is seen while the queue is empty. It cannot
+                    # bound the wait on a slot a dead writer claimed (see module docstring).
+                    item: tuple[bool, Any] = (True, channel.recv(timeout_ms=self._poll_ms))
+                    break
+                except QueueTimeoutError:
+                    if self._stopping:
+                        return
+                except BaseException as e:
+                    item = (False, e)
+                    break
+            results.append(item)
+            del item
+            if self._stopping:
+                return
+            try:
+                os.write(ready_w, b"x")
+            except OSError:
+                return  # closed by close(): the producer is gone
+
+    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+        """``(message, [])`` or ``(None, ended watches)``; raises what ``recv`` raised."""
+        if not self._pending:
+            self._pending = True
+            self._requests.release()
+        while True:
+            if self._results:
+                ok, value = self._results.popleft()
+                self._pending = False
+                if not ok:
+                    raise value
+                return value, []
+            ended = []
+            for fd, _ in self._poller.poll():
+                if fd == self._ready_r:
+                    os.read(self._ready_r, 64)
+                    continue
+                watch = self._by_fd[fd]
+                if watch.poll() is not None:
+                    ended.append(watch)
+            if ended:
+                return None, ended
+
+    def stop(self) -> None:
+        """Stop reporting (before the teardown); the thread ends when it can."""
+        self._stopping = True
+        self._requests.release()
+
+    def close(self, join_timeout: float) -> bool:
+        """Close the fds; True if the thread ended, False if it is stuck in C++."""
+        self.thread.join(join_timeout)
+        ended = not self.thread.is_alive()
+        for w in self.watches:
+            w.close()
+        os.close(self._ready_r)
+        if ended:
+            os.close(self._ready_w)
+        # else: the stuck thread keeps the write end; it is never written (the thread
+        # cannot return from the C++ wait) and the kernel closes it at exit.
+        self._results.clear()
+        return ended
+
+
+_live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _shutdown_live_producers() -> None:
+    """atexit: give live workers a clean STOP before multiprocessing's own atexit hook
+    (registered earlier, so it runs later) SIGTERMs daemon children."""
+    for producer in list(_live_producers):
+        with contextlib.suppress(Exception):
+            producer.shutdown()
+
+
+def _register_atexit_once() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_shutdown_live_producers)
+
+
+def _join_all(workers: Sequence[BaseProcess], timeout: float) -> list[BaseProcess]:
+    """Join every worker within one shared deadline (not ``timeout`` each); the rest."""
+    deadline = time.monotonic() + timeout
+    alive = [w for w in workers if w.pid is not None and w.exitcode is None]
+    while alive:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        multiprocessing.connection.wait([w.sentinel for w in alive], remaining)
+        for w in alive:
+            w.join(0)  # reaps the ones that ended
+        alive = [w for w in alive if w.exitcode is None]
+    return alive
+
+
+class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
+    """GLT's ``DistMpSamplingProducer`` with bounded init, fail-fast steady state and a
+    bounded shutdown; the sampler factory and the worker loop are pluggable (GiGL's hook).
+
+    The first five arguments are GLT's. The rest (keyword-only):
+
+    - ``sampler_factory``: builds each worker's sampler (default: GLT's
+      ``DistNeighborSampler``, as stock). GiGL passes its ``create_dist_sampler`` here.
+    - ``worker_loop``: a worker's whole life (default :func:`default_worker_loop`).
+    - ``rpc_init_timeout``: bring-up RPC timeout, seconds (default
+      ``$HEALTHKIT_GLT_RPC_INIT_TIMEOUT_SECONDS`` or 600).
+    - ``steady_state_rpc_timeout``: set right after the barrier (default
+      ``$HEALTHKIT_GLT_STEADY_STATE_RPC_TIMEOUT_SECONDS`` or ``worker_options.rpc_timeout``).
+    - ``init_timeout_multiplier``: ``k``; the init barrier's bound is ``k x rpc_init_timeout``
+      (default 3, as GiGL).
+    - ``stop_timeout`` / ``kill_timeout``: shutdown's bounds: STOP then wait up to
+      ``stop_timeout``; then SIGTERM and wait up to ``kill_timeout``; then SIGKILL.
+    - ``recv_poll_ms``: how often the receive thread checks for a stop while the channel is
+      empty (not a failure timeout: a slow epoch is never failed for being slow).
+    - ``worker_extra``: a picklable dict handed to custom worker loops as ``ctx.extra``.
+    - ``strict_env``: reject bad env values (:class:`healthkit.InvalidEnvValueError`)
+      instead of warning and using the default.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        sampler_input: Any,
+        sampling_config: Any,
+        worker_options: Any,
+        output_channel: ChannelBase,
+        *,
+        sampler_factory: SamplerFactory = create_dist_sampler,
+        worker_loop: WorkerLoop = default_worker_loop,
+        rpc_init_timeout: float | None = None,
+        steady_state_rpc_timeout: float | None = None,
+        init_timeout_multiplier: float = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
+        stop_timeout: float = 10.0,
+        kill_timeout: float = 5.0,
+        init_failure_grace: float = 2.0,
+        recv_poll_ms: int = 500,
+        worker_extra: dict[str, Any] | None = None,
+        strict_env: bool = False,
+    ) -> None:
+        # Everything shutdown() reads exists before anything can fail, so shutdown() (and
+        # a loader's __del__) is safe on a producer whose construction or init() failed.
+        self._shutdown = False
+        self._workers: list[BaseProcess] = []
+        self._task_queues: list[Any] = []
+        self._receiver: _Receiver | None = None
+        self._init_barrier: BoundedBarrier | None = None
+        self._error_dir: str | None = None
+        self._failure: SamplingWorkerDiedError | None = None
+        self._batches_received = 0  # since the last produce_all(), for the error message
+        super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
+        self.timeouts: TimeoutPlan = resolve_timeouts(
+            rpc_init_timeout=rpc_init_timeout,
+            steady_state_rpc_timeout=steady_state_rpc_timeout,
+            init_timeout_multiplier=init_timeout_multiplier,
+            options_rpc_timeout=worker_options.rpc_timeout,
+            strict_env=strict_env,
+        )
+        self._ctx = multiprocessing.get_context("spawn")
+        # GLT makes this in the *default* context; handed to spawned workers it fails with
+        # a SemLock error unless the user forced "spawn" globally. Ours needs no such step.
+        self.sampling_completed_worker_count = self._ctx.Value("I", lock=True)
+        self.sampler_factory = sampler_factory
+        self.worker_loop = worker_loop
+        self.stop_timeout = float(stop_timeout)
+        self.kill_timeout = float(kill_timeout)
+        self.init_failure_grace = float(init_failure_grace)
+        self.recv_poll_ms = int(recv_poll_ms)
+        self.worker_extra = dict(worker_extra or {})
+
+    # ------------------------------------------------------------------ init
+    def init(self) -> None:
+        """Spawn the workers and wait for them at a BoundedBarrier.
+
+        Raises :class:`healthkit.BarrierBrokenError` when a worker died first (with its
+        diagnosis and, if it raised, its traceback), or :class:`healthkit.BarrierTimeoutError`
+        when the bound passed with every worker alive (with the stuck workers' stacks). In
+        both cases every worker is gone when it raises.
+        """
+        try:
+            self._spawn_and_wait()
+        except BarrierBrokenError as e:
+            err = self._with_worker_tracebacks(e)
+            self._cleanup_files()
+            raise err from None
+        except BaseException:
+            self.shutdown()
+            raise
+        self._receiver = _Receiver(self.output_channel, self._workers, self.recv_poll_ms)
+        _live_producers.add(self)
+        _register_atexit_once()
+
+    def _spawn_and_wait(self) -> None:
+        if self.sampling_config.seed is not None:
+            seed_everything(self.sampling_config.seed)
+        if not self.sampling_config.shuffle:
+            unshuffled: list[Any] = self._get_seeds_indexes()
+        else:
+            unshuffled = [None] * self.num_workers
+        plan = self.timeouts
+        hint = (
+            f"If bring-up is legitimately slow, raise the bring-up RPC timeout "
+            f"(argument rpc_init_timeout or ${RPC_INIT_TIMEOUT_ENV}); the bound is "
+            f"{plan.init_timeout_multiplier:g} x that."
+        )
+        self._init_barrier = bb = BoundedBarrier(
+            self.num_workers,
+            timeout=plan.init_bound,
+            ctx=self._ctx,
+            name="GLT sampling worker init barrier",
+            worker_label="sampling worker",
+            hint=hint,
+        )
+        self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
+        for rank in range(self.num_workers):
+            task_queue = self._ctx.Queue(self.num_workers * self.worker_options.worker_concurrency)
+            self._task_queues.append(task_queue)
+            wctx = SamplingWorkerContext(
+                rank=rank,
+                data=self.data,
+                sampler_input=self.sampler_input,
+                unshuffled_index=unshuffled[rank],
+                sampling_config=self.sampling_config,
+                worker_options=self.worker_options,
+                channel=self.output_channel,
+                task_queue=task_queue,
+                sampling_completed_worker_count=self.sampling_completed_worker_count,
+                barrier=bb,
+                sampler_factory=self.sampler_factory,
+                rpc_init_timeout=plan.rpc_init_timeout,
+                steady_state_rpc_timeout=plan.steady_state_rpc_timeout,
+                error_dir=self._error_dir,
+                extra=self.worker_extra,
+            )
+            w = self._ctx.Process(
+                target=_worker_entry,
+                args=(self.worker_loop, wctx),
+                name=f"sampling worker {rank}",
+                daemon=True,
+            )
+            w.start()
+            self._workers.append(w)
+        logger.debug("waiting for %d sampling workers: %s", self.num_workers, plan.describe())
+        bb.wait(self._workers, on_failure=self._teardown_after_init_failure)
+
+    def _teardown_after_init_failure(self, error: BarrierBrokenError) -> None:
+        # The barrier diagnosed every worker before calling this, so the exit 0 that torch's
+        # SIGTERM handler gives our terminated workers cannot be mistaken for anything.
+        # Workers that arrived leave by themselves through the broken barrier (and tear
+        # down their RPC agent): they get a grace. Workers that never arrived are stuck in
+        # bring-up (e.g. the RPC rendezvous, 30 min by default): SIGTERM them at once.
+        stuck = {p.rank for p in error.parties if p.state == "not arrived"}
+        for rank in sorted(stuck):
+            with contextlib.suppress(Exception):
+                self._workers[rank].terminate()
+        self._shutdown = True
+        self._teardown(stop_grace=self.init_failure_grace, send_stop=False, cleanup=False)
+
+    def _with_worker_tracebacks(self, e: BarrierBrokenError) -> BarrierBrokenError:
+        """The same error, plus the traceback of every dead worker that raised."""
+        extra = self._worker_tracebacks(r.rank for r in e.dead)
+        if not extra:
+            return e
+        return type(e)(
+            f"{e}\n{extra}",
+            barrier_name=e.barrier_name,
+            elapsed=e.elapsed,
+            bound=e.bound,
+            parties=e.parties,
+            env_var=e.env_var,
+        )
+
+    def _worker_tracebacks(self, ranks: Any) -> str:
+        parts = []
+        for rank in ranks:
+            if self._error_dir is None:
+                break
+            try:
+                with open(error_file(self._error_dir, rank)) as f:
+                    text = f.read().rstrip()
+            except OSError:
+                continue
+            if text:
+                parts.append(f"--- sampling worker {rank} raised ---\n{text}")
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ steady state
+    def produce_all(self) -> None:
+        """Start an epoch (GLT's, after checking that no worker died since the last one)."""
+        if self._failure is not None:
+            raise self._failure
+        self._batches_received = 0
+        super().produce_all()
+
+    def recv(self) -> Any:
+        """The next sample message, or :class:`SamplingWorkerDiedError` within milliseconds
+        of a worker's death (never a hang on a dead worker). An alive-but-slow producer is
+        waited for, however long it takes: slowness is not a failure."""
+        if self._failure is not None:
+            raise self._failure
+        receiver = self._receiver
+        if receiver is None or self._shutdown:
+            raise RuntimeError("this DistSamplingProducer is not running (init() or shut down)")
+        msg, ended = receiver.receive()
+        if not ended:
+            self._batches_received += 1
+            return msg
+        raise self._fail(ended)
+
+    def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError:
+        receiver = self._receiver
+        assert receiver is not None
+        diagnoser = ExitDiagnoser()
+        dead = sorted(
+            ((receiver.ranks[id(w)], diagnoser.diagnose(w)) for w in ended),
+            key=lambda rd: rd[1].observed_at,
+        )
+        rank, first = dead[0]
+        tracebacks = self._worker_tracebacks(r for r, _ in dead)
+        lines = [
+            f"sampling worker {rank} died while the loader waited for batch "
+            f"{self._batches_received + 1}; the epoch cannot complete",
+            *(f"  - {d}" for _, d in dead),
+            "What to do: fix what ended the worker (above), then build a new loader; this "
+            "producer has been shut down.",
+        ]
+        if tracebacks:
+            lines.append(tracebacks)
+        err = SamplingWorkerDiedError(
+            "\n".join(lines), first, rank=rank, diagnoses=tuple(d for _, d in dead)
+        )
+        self._failure = err
+        # Survivors are usually parked in ShmChannel.send() and will never read STOP.
+        self._shutdown = True
+        self._teardown(stop_grace=0.0, send_stop=False)
+        return err
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stop every worker, in bounded time; idempotent; safe after a failed init.
+
+        STOP, then one shared join of ``stop_timeout``, then SIGTERM and ``kill_timeout``,
+        then SIGKILL and ``kill_timeout``. Watching stops first, so a worker ending during
+        the teardown is never reported as a failure.
+        """
+        if getattr(self, "_shutdown", True):
+            return
+        self._shutdown = True
+        self._teardown(stop_grace=self.stop_timeout, send_stop=True)
+
+    def _teardown(self, *, stop_grace: float, send_stop: bool, cleanup: bool = True) -> None:
+        _live_producers.discard(self)
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            receiver.stop()
+        workers = list(self._workers)
+        try:
+            if send_stop:
+                for q in self._task_queues:
+                    with contextlib.suppress(queue.Full, ValueError, OSError):
+                        q.put_nowait((MpCommand.STOP, None))
+            alive = _join_all(workers, stop_grace)
+            if alive:
+                logger.debug("sampling workers %s did not stop; SIGTERM", [w.pid for w in alive])
+                for w in alive:
+                    with contextlib.suppress(Exception):
+                        w.terminate()
+                alive = _join_all(alive, self.kill_timeout)
+            if alive:
+                logger.warning("workers %s ignored SIGTERM; SIGKILL", [w.pid for w in alive])
+                for w in alive:
+                    with contextlib.suppress(Exception):
+                        w.kill()
+                alive = _join_all(alive, self.kill_timeout)
+            if alive:
+                logger.error("workers %s alive after SIGKILL", [w.pid for w in alive])
+        finally:
+            for q in self._task_queues:
+                with contextlib.suppress(Exception):
+                    q.cancel_join_thread()
+                    q.close()
+            if receiver is not None:
+                self._release_receiver(receiver)
+            if cleanup:
+                self._cleanup_files()
+
+    def _release_receiver(self, receiver: _Receiver) -> None:
+        if receiver.close(join_timeout=2 * receiver._poll_ms / 1000 + 1.0):
+            return
+        # Stuck on a ring slot a dead worker claimed: the thread keeps the channel attached
+        # (and alive) for the life of the process, so its destructor, the only place that
+        # removes the SysV segment, will never run. Mark the segment for removal now; the
+        # kernel frees it when the last attachment goes (at our exit).
+        shmid = self._channel_shmid()
+        removed = False
+        if shmid is not None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            removed = libc.shmctl(shmid, _IPC_RMID, None) == 0
+        logger.warning(
+            "healthkit-glt receive thread stays blocked on a ring slot a dead worker had "
+            "claimed (it cannot be interrupted); channel segment %s %s",
+            shmid,
+            "marked for removal at exit" if removed else "could not be marked for removal",
+        )
+
+    def _channel_shmid(self) -> int | None:
+        q = getattr(self.output_channel, "_queue", None)
+        try:
+            return int(q.__getstate__()) if q is not None else None
+        except Exception:
+            return None
+
+    def _cleanup_files(self) -> None:
+        if self._init_barrier is not None:
+            self._init_barrier.close()
+        if self._error_dir is not None:
+            shutil.rmtree(self._error_dir, ignore_errors=True)
+            self._error_dir = None
+
+    @property
+    def workers(self) -> list[BaseProcess]:
+        """The worker processes (for tests and diagnostics; do not join them yourself)."""
+        return list(self._workers)
+
+    @property
+    def failure(self) -> SamplingWorkerDiedError | None:
+        """The steady-state failure that ended this producer, if any."""
+        return self._failure
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failure else "shut down" if self._shutdown else "running"
+        return f"<DistSamplingProducer {state} workers={[w.pid for w in self._workers]}>"
+

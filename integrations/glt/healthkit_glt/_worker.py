@@ -1,0 +1,309 @@
+"""The sampling worker: GLT's worker loop, cut into reusable steps, with a bounded init
+barrier, the post-barrier RPC timeout narrowing and a teardown that always runs.
+
+The steps are public so that a GiGL-like project can write its own worker loop (a custom
+sampler hierarchy, extra set-up after the barrier) and still get every guarantee: call
+:func:`init_sampling_worker`, build and start a sampler, call :func:`pass_init_barrier`,
+run :func:`run_task_loop`, and call :func:`teardown_sampling_worker` in ``finally``.
+:func:`default_worker_loop` is exactly that, and behaves like GLT 0.2.4's
+``_sampling_worker_loop`` otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import queue
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+
+from healthkit import BarrierBrokenError, BoundedBarrier
+
+__all__ = [
+    "SamplerFactory",
+    "SamplingWorkerContext",
+    "WorkerLoop",
+    "create_dist_sampler",
+    "default_worker_loop",
+    "init_sampling_worker",
+    "narrow_rpc_timeout",
+    "pass_init_barrier",
+    "run_task_loop",
+    "start_sampler",
+    "teardown_sampling_worker",
+]
+
+logger = logging.getLogger("healthkit_glt")
+
+
+class SamplerFactory(Protocol):
+    """Builds a worker's sampler (GiGL's ``create_dist_sampler`` shape).
+
+    Called in the worker process, after ``init_rpc``, with keyword arguments. The result
+    must offer GLT's ``DistNeighborSampler`` loop interface: ``start_loop()``,
+    ``shutdown_loop()``, ``wait_all()`` and ``sample_from_nodes`` / ``sample_from_edges`` /
+    ``subgraph``. It is pickled to the spawned workers: pass a module-level function or a
+    ``functools.partial`` of one (e.g. with GiGL's ``sampler_options`` bound).
+    """
+
+    def __call__(
+        self,
+        *,
+        data: Any,
+        sampling_config: Any,
+        worker_options: Any,
+        channel: Any,
+        current_device: Any,
+    ) -> Any: ...
+
+
+WorkerLoop = Callable[["SamplingWorkerContext"], None]
+"""A worker's whole life. Pickled to the spawned worker (module-level function)."""
+
+
+def create_dist_sampler(
+    *, data: Any, sampling_config: Any, worker_options: Any, channel: Any, current_device: Any
+) -> Any:
+    """The default factory: GLT's ``DistNeighborSampler``, built exactly as stock GLT does."""
+    from graphlearn_torch.distributed.dist_neighbor_sampler import DistNeighborSampler
+
+    c = sampling_config
+    return DistNeighborSampler(
+        data,
+        c.num_neighbors,
+        c.with_edge,
+        c.with_neg,
+        c.with_weight,
+        c.edge_dir,
+        c.collect_features,
+        channel,
+        worker_options.use_all2all,
+        worker_options.worker_concurrency,
+        current_device,
+        seed=c.seed,
+    )
+
+
+@attrs.define
+class SamplingWorkerContext:
+    """Everything one sampling worker gets from its producer (one object, pickled once).
+
+    ``rpc_init_timeout`` is the bring-up RPC timeout used by ``init_rpc`` (and the gloo
+    group); ``steady_state_rpc_timeout`` is what :func:`pass_init_barrier` narrows to.
+    ``sampler_factory`` builds the sampler; ``extra`` carries whatever a custom worker loop
+    needs (it must pickle).
+    """
+
+    rank: int
+    data: Any
+    sampler_input: Any
+    unshuffled_index: Any
+    sampling_config: Any
+    worker_options: Any
+    channel: Any
+    task_queue: Any
+    sampling_completed_worker_count: Any
+    barrier: BoundedBarrier
+    sampler_factory: SamplerFactory
+    rpc_init_timeout: float
+    steady_state_rpc_timeout: float
+    error_dir: str | None = None
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+
+def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
+    """GLT's worker bring-up: worker group, optional gloo group, signal handlers, ``init_rpc``.
+
+    ``init_rpc`` gets the *bring-up* timeout. GLT's ``init_rpc`` ends with a 1 s sleep and
+    gathers every worker's info; a worker that loses the gather dies here, before the
+    barrier, which the parent's BoundedBarrier turns into a diagnosed failure.
+    """
+    import torch
+    from graphlearn_torch.distributed import init_rpc, init_worker_group
+    from graphlearn_torch.utils import ensure_device
+    from torch._C import _set_worker_signal_handlers
+
+    opts = ctx.worker_options
+    init_worker_group(
+        world_size=opts.worker_world_size,
+        rank=opts.worker_ranks[ctx.rank],
+        group_name="_sampling_worker_subprocess",
+    )
+    if opts.use_all2all:
+        torch.distributed.init_process_group(
+            backend="gloo",
+            timeout=datetime.timedelta(seconds=ctx.rpc_init_timeout),
+            rank=opts.worker_ranks[ctx.rank],
+            world_size=opts.worker_world_size,
+            init_method=f"tcp://{opts.master_addr}:{opts.master_port}",
+        )
+    num_rpc_threads = (
+        min(ctx.data.num_partitions, 16) if opts.num_rpc_threads is None else opts.num_rpc_threads
+    )
+    ensure_device(opts.worker_devices[ctx.rank])
+    # torch's DataLoader worker handlers: a SIGTERM from the parent makes the worker exit 0.
+    _set_worker_signal_handlers()
+    torch.set_num_threads(num_rpc_threads + 1)
+    init_rpc(
+        master_addr=opts.master_addr,
+        master_port=opts.master_port,
+        num_rpc_threads=num_rpc_threads,
+        rpc_timeout=ctx.rpc_init_timeout,
+    )
+
+
+def start_sampler(ctx: SamplingWorkerContext) -> Any:
+    """Seed like stock GLT, build the sampler with the context's factory, start its loop."""
+    from graphlearn_torch.utils import seed_everything
+
+    if ctx.sampling_config.seed is not None:
+        seed_everything(ctx.sampling_config.seed)
+    sampler = ctx.sampler_factory(
+        data=ctx.data,
+        sampling_config=ctx.sampling_config,
+        worker_options=ctx.worker_options,
+        channel=ctx.channel,
+        current_device=ctx.worker_options.worker_devices[ctx.rank],
+    )
+    sampler.start_loop()
+    return sampler
+
+
+def narrow_rpc_timeout(rank: int, bringup: float, steady: float) -> float:
+    """Set this worker's default RPC request timeout to ``steady``; return the value read back.
+
+    Why right after the barrier: before it, every worker may still be waiting for slow
+    peers, and the generous bring-up value keeps that from failing; after it, the same value
+    would let a stuck sampling RPC hide for minutes. A no-op when the two are equal. The new
+    default applies to RPCs issued afterwards by this process's agent (torch's
+    ``_set_rpc_timeout`` is the only setter; ``get_rpc_timeout`` reads it back).
+    """
+    from torch.distributed import rpc
+
+    get_timeout = rpc.get_rpc_timeout  # type: ignore[attr-defined,unused-ignore]
+    if steady == bringup:
+        logger.debug("sampling worker %d: RPC timeout stays %gs (bring-up == steady)", rank, steady)
+        return float(get_timeout())
+    rpc._set_rpc_timeout(float(steady))  # type: ignore[attr-defined,unused-ignore]
+    now = float(get_timeout())
+    logger.info(
+        "sampling worker %d past the init barrier; RPC request timeout narrowed from %gs "
+        "(bring-up) to %gs (steady state)",
+        rank,
+        bringup,
+        now,
+    )
+    return now
+
+
+def pass_init_barrier(ctx: SamplingWorkerContext) -> float:
+    """Wait at the producer's BoundedBarrier, then narrow the RPC timeout.
+
+    Raises :class:`healthkit.BarrierBrokenError` when the parent gave up (a peer died, the
+    bound passed) or died; let it reach your ``finally`` so the teardown runs. Returns the
+    RPC timeout now in force.
+    """
+    ctx.barrier.worker_wait(ctx.rank)
+    return narrow_rpc_timeout(ctx.rank, ctx.rpc_init_timeout, ctx.steady_state_rpc_timeout)
+
+
+def run_task_loop(ctx: SamplingWorkerContext, sampler: Any) -> None:
+    """GLT's command loop: ``SAMPLE_ALL`` one epoch's seeds, until ``STOP``."""
+    from graphlearn_torch.distributed.dist_sampling_producer import (
+        MP_STATUS_CHECK_INTERVAL,
+        MpCommand,
+    )
+    from graphlearn_torch.sampler import SamplingType
+    from torch.utils.data.dataloader import DataLoader
+
+    cfg = ctx.sampling_config
+    unshuffled = (
+        DataLoader(
+            ctx.unshuffled_index,
+            batch_size=cfg.batch_size,
+            shuffle=False,
+            drop_last=cfg.drop_last,
+        )
+        if ctx.unshuffled_index is not None
+        else None
+    )
+    sample = {
+        SamplingType.NODE: sampler.sample_from_nodes,
+        SamplingType.LINK: sampler.sample_from_edges,
+        SamplingType.SUBGRAPH: sampler.subgraph,
+    }[cfg.sampling_type]
+    while True:
+        try:
+            command, args = ctx.task_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
+        except queue.Empty:
+            continue
+        if command == MpCommand.STOP:
+            return
+        if command != MpCommand.SAMPLE_ALL:
+            raise RuntimeError(f"unknown command {command!r}")
+        if args is None:
+            if unshuffled is None:
+                raise RuntimeError("SAMPLE_ALL without seeds needs an unshuffled index")
+            loader: Any = unshuffled
+        else:
+            loader = DataLoader(
+                args, batch_size=cfg.batch_size, shuffle=False, drop_last=cfg.drop_last
+            )
+        for index in loader:
+            sample(ctx.sampler_input[index])
+        sampler.wait_all()
+        with ctx.sampling_completed_worker_count.get_lock():
+            ctx.sampling_completed_worker_count.value += 1  # non-atomic: the lock is needed
+
+
+def teardown_sampling_worker(sampler: Any) -> None:
+    """Stop the sampler's event loop and the RPC agent. Safe after a partial bring-up."""
+    from graphlearn_torch.distributed import shutdown_rpc
+
+    try:
+        if sampler is not None:
+            sampler.shutdown_loop()
+    finally:
+        shutdown_rpc(graceful=False)
+
+
+def default_worker_loop(ctx: SamplingWorkerContext) -> None:
+    """GLT's worker life with the healthkit guarantees (see the module docstring)."""
+    sampler = None
+    try:
+        init_sampling_worker(ctx)
+        sampler = start_sampler(ctx)
+        pass_init_barrier(ctx)
+        run_task_loop(ctx, sampler)
+    except BarrierBrokenError as e:
+        # The parent already reports the failure (with this worker's state); exiting
+        # through finally is the orderly part, so no traceback here.
+        logger.info("sampling worker %d: %s; tearing down", ctx.rank, e)
+    except KeyboardInterrupt:
+        pass  # the main process raises KeyboardInterrupt itself
+    finally:
+        teardown_sampling_worker(sampler)
+
+
+def error_file(error_dir: str, rank: int) -> str:
+    return os.path.join(error_dir, f"worker-{rank}.err")
+
+
+def _worker_entry(worker_loop: WorkerLoop, ctx: SamplingWorkerContext) -> None:
+    """The spawned process's target: stack dumps on, run the loop, leave the exception text
+    where the parent can quote it (an exit code alone says "1", not "what raised")."""
+    ctx.barrier.enable_stack_dumps()
+    try:
+        worker_loop(ctx)
+    except BaseException:
+        if ctx.error_dir is not None:
+            try:
+                with open(error_file(ctx.error_dir, ctx.rank), "w") as f:
+                    f.write(traceback.format_exc())
+            except OSError:
+                pass
+        raise

@@ -1,0 +1,346 @@
+"""Fault scenarios for healthkit_glt, each run as a script in its own process group.
+
+Why subprocesses: a stock GLT hang (and any regression of ours) blocks inside C++ where no
+Python-level timeout can interrupt it; a throwaway session can always be SIGKILLed as a
+group at its deadline, and its leaked SysV segments removed by creator pid.
+
+Run one by hand::
+
+    .venv-glt/bin/python tests/glt/glt_scenarios.py hk-epoch-sigkill 0.5
+
+Each scenario prints ``RESULT {json}`` lines that the tests parse. The worker loops and the
+sampler factories below are module-level so that spawned workers can unpickle them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glt_harness as h
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# --- pluggable pieces used by the scenarios (run inside the spawned workers) --------------
+
+
+def hang_in_sampler_factory(**kwargs: Any) -> Any:
+    """A sampler factory stuck forever (the stack dump must name this function)."""
+    while True:
+        time.sleep(3600)
+
+
+def failing_sampler_factory(**kwargs: Any) -> Any:
+    raise ValueError("bad fan-out [5, 5] for this partition (injected by the test)")
+
+
+def rank1_raises_loop(ctx: Any) -> None:
+    """Default loop, but worker 1's sampler factory raises (after init_rpc, like a real
+    sampler construction error)."""
+    import healthkit_glt as hg
+
+    if ctx.rank == 1:
+        ctx.sampler_factory = failing_sampler_factory
+    hg.default_worker_loop(ctx)
+
+
+def rank1_hangs_loop(ctx: Any) -> None:
+    import healthkit_glt as hg
+
+    if ctx.rank == 1:
+        ctx.sampler_factory = hang_in_sampler_factory
+    hg.default_worker_loop(ctx)
+
+
+def rpc_timeout_reporting_loop(ctx: Any) -> None:
+    """A custom worker loop (GiGL-style) built from the public steps that also reports the
+    RPC timeout in force before and after the init barrier, read from inside the worker."""
+    import healthkit_glt as hg
+    from torch.distributed import rpc
+
+    sampler = None
+    try:
+        hg.init_sampling_worker(ctx)
+        before = rpc.get_rpc_timeout()
+        sampler = hg.start_sampler(ctx)
+        hg.pass_init_barrier(ctx)
+        after = rpc.get_rpc_timeout()
+        path = os.path.join(ctx.extra["report_dir"], f"rpc-timeout-{ctx.rank}.json")
+        with open(path, "w") as f:
+            json.dump({"before": before, "after": after}, f)
+        hg.run_task_loop(ctx, sampler)
+    finally:
+        hg.teardown_sampling_worker(sampler)
+
+
+# --- scenario helpers ---------------------------------------------------------------------
+
+
+def _say(msg: str) -> None:
+    print(f"[scenario {time.monotonic():.3f}] {msg}", flush=True)
+
+
+def _result(**fields: Any) -> None:
+    print("RESULT " + json.dumps(fields, default=str), flush=True)
+
+
+def _kill_a_worker_during_init(victim: int, after: float, stamp: list[float]) -> None:
+    def killer() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = sorted(h.spawned_worker_pids())
+            if len(pids) == 2:
+                time.sleep(after)
+                os.kill(pids[victim], signal.SIGKILL)
+                stamp.append(time.monotonic())
+                _say(f"SIGKILLed sampling worker {victim} (pid {pids[victim]}) during init")
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=killer, name="scenario-killer", daemon=True).start()
+
+
+def _hk_loader(dataset: Any, **kwargs: Any) -> Any:
+    import healthkit_glt as hg
+
+    return h.build_loader(dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader,
+                          **kwargs)  # fmt: skip
+
+
+def _error_fields(e: BaseException) -> dict[str, Any]:
+    return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__],
+            "message": str(e)}  # fmt: skip
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+def scenario_hk_init_sigkill(after: float = 0.5) -> None:
+    """healthkit_glt: SIGKILL worker 0 during init; the loader must raise within seconds."""
+    import healthkit as hk
+
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    stamp: list[float] = []
+    _kill_a_worker_during_init(0, after, stamp)
+    t0 = time.monotonic()
+    try:
+        _hk_loader(dataset, rpc_init_timeout=60)
+    except hk.BarrierBrokenError as e:
+        now = time.monotonic()
+        _result(outcome="raised", after_kill_s=now - stamp[0] if stamp else None,
+                elapsed_s=now - t0, exit_codes=e.exit_codes,
+                causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
+                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+        return
+    _result(outcome="built")
+
+
+def _init_failure(loop_name: str, **kwargs: Any) -> None:
+    import healthkit as hk
+
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    t0 = time.monotonic()
+    try:
+        _hk_loader(dataset, worker_loop=globals()[loop_name], **kwargs)
+    except hk.BarrierBrokenError as e:
+        _result(outcome="raised", elapsed_s=time.monotonic() - t0, exit_codes=e.exit_codes,
+                causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
+                not_arrived=[p.rank for p in e.not_arrived],
+                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+        return
+    _result(outcome="built")
+
+
+def scenario_hk_init_raise() -> None:
+    """healthkit_glt: worker 1's sampler factory raises during init."""
+    _init_failure("rank1_raises_loop", rpc_init_timeout=60)
+
+
+def scenario_hk_init_hang(rpc_init_timeout: float = 30.0, k: float = 1.0) -> None:
+    """healthkit_glt: worker 1 hangs in its sampler factory; the bound (k x bring-up) ends it."""
+    _init_failure(
+        "rank1_hangs_loop", rpc_init_timeout=rpc_init_timeout, init_timeout_multiplier=k
+    )
+
+
+def scenario_hk_epoch_sigkill(pre_kill_sleep: float = 0.5, hold: float = 0) -> None:
+    """healthkit_glt: SIGKILL worker 1 after the first batch of an epoch.
+
+    ``pre_kill_sleep``: a slow consumer before the kill, so the workers are parked in
+    ``ShmChannel.send`` with ring slots claimed (the case ``recv(timeout_ms)`` cannot end).
+    ``hold``: keep the first batch (its ring slot) until after the kill, so both workers
+    are parked with claimed slots and the dead one's may be next in line.
+    """
+    import healthkit_glt as hg
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    h.init_single_process_context()
+    loader = _hk_loader(h.build_dataset())
+    workers = loader.producer.workers
+    _say(f"loader ready; worker pids {[w.pid for w in workers]}")
+    it = iter(loader)
+    batch = next(it)
+    if not hold:
+        del batch
+    time.sleep(pre_kill_sleep)
+    os.kill(workers[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    if hold:
+        del batch
+    _say(f"SIGKILLed sampling worker 1 (pid {workers[1].pid}) after batch 1")
+    n = 1
+    try:
+        while True:  # next(), not a for loop: iter() again would start another epoch
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            n += 1
+            del batch
+    except hg.SamplingWorkerDiedError as e:
+        now = time.monotonic()
+        d = e.diagnosis
+        again = None
+        try:
+            iter(loader)
+        except hg.SamplingWorkerDiedError as e2:
+            again = e2 is e
+        _result(outcome="raised", after_kill_s=now - killed, batches=n, rank=e.rank,
+                exit_code=d.exit_code, signal=d.signal.name if d.signal else None,
+                cause=d.cause.name, worker_exit_codes=[w.exitcode for w in workers],
+                children_left=h.spawned_worker_pids(), same_error_on_reuse=again,
+                receiver_thread_stuck=any(t.name == "healthkit-glt receiver"
+                                          for t in threading.enumerate()),
+                **_error_fields(e))  # fmt: skip
+        loader.shutdown()  # idempotent: already torn down
+        return
+    _result(outcome="finished", batches=n)
+
+
+def scenario_hk_exit_without_shutdown(epochs: int = 2) -> None:
+    """healthkit_glt, nothing fails: a script runs epochs and just ends (no shutdown())."""
+    h.init_single_process_context()
+    loader = _hk_loader(h.build_dataset())
+    for _ in range(epochs):
+        h.consume_epoch(loader)
+    _result(outcome="done", worker_pids=[w.pid for w in loader.producer.workers])
+
+
+SCENARIOS = {
+    "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
+    "hk-init-raise": lambda a: scenario_hk_init_raise(),
+    "hk-init-hang": lambda a: scenario_hk_init_hang(*(float(x) for x in a)),
+    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(*(float(x) for x in a)),
+    "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
+        *(int(x) for x in a)
+    ),
+}
+
+
+# --- runner -------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    returncode: int | None  # None: still running at the deadline (hung), then killed
+    elapsed_s: float
+    output: str
+    results: list[dict[str, Any]]
+    stacks: str  # SIGUSR1 dumps of every process of the group when it hung
+    leaked_segments: list[int]  # SysV segments of the group still there once it was gone
+    survivors: list[int]  # group members alive after the script ended on its own
+
+    @property
+    def result(self) -> dict[str, Any]:
+        assert self.results, f"no RESULT line; output:\n{self.output[-4000:]}"
+        return self.results[-1]
+
+
+def run(script: str, args: Sequence[str], timeout: float, extra_env: dict[str, str] | None = None
+        ) -> Run:  # fmt: skip
+    """Run ``script args`` in a new session; at ``timeout`` dump every stack of the group
+    (SIGUSR1), SIGKILL the group we created, wait for it, then remove (and report) the SysV
+    segments its processes left behind."""
+    with h.sigusr1_stack_dumps() as (env, stacks), tempfile.TemporaryFile(mode="w+") as out:
+        env.update(extra_env or {})
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, script, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        pgid = proc.pid
+        rc: int | None
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        elapsed = time.monotonic() - t0
+        members = h.pids_in_group(pgid)
+        survivors: list[int] = []
+        if rc is not None:  # ended on its own: does anything of it outlive it? (bounded)
+            settle = time.monotonic() + 5
+            while h.pids_in_group(pgid) and time.monotonic() < settle:
+                time.sleep(0.02)
+            survivors = h.pids_in_group(pgid)
+        cmdlines = {p: h.cmdline(p) for p in members}
+        if rc is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGUSR1)
+            time.sleep(2.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while h.pids_in_group(pgid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        creators = [proc.pid, *members]
+        leaked: list[int] = []
+        shm_deadline = time.monotonic() + 5
+        while True:
+            left = h._sysv_shm_created_by(creators)
+            leaked = sorted(set(leaked) | set(left))
+            h.remove_orphan_sysv_shm(creators)
+            if not h._sysv_shm_created_by(creators) or time.monotonic() > shm_deadline:
+                break
+            time.sleep(0.05)
+        out.seek(0)
+        text = out.read()
+        results = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
+        return Run(rc, elapsed, text, results, h._read_stacks(stacks, cmdlines), leaked,
+                   survivors)  # fmt: skip
+
+
+def run_scenario(name: str, args: Sequence[str] = (), timeout: float = 90.0) -> Run:
+    return run(os.path.abspath(__file__), [name, *args], timeout)
+
+
+def run_stock(name: str, args: Sequence[str] = (), timeout: float = 20.0) -> Run:
+    """A stock-GLT scenario of the harness (``hang-init``, ``hang-epoch``)."""
+    return run(os.path.join(HERE, "glt_harness.py"), [name, *args], timeout)
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] not in SCENARIOS:
+        print(f"usage: glt_scenarios.py {{{','.join(SCENARIOS)}}} [args]")
+        return 2
+    SCENARIOS[argv[0]](list(argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,389 @@
+"""healthkit_glt on real graphlearn-torch 0.2.4: 1,000-node random graph, 2 sampling workers.
+
+Non-firing paths (normal epochs, shutdown, the RPC timeout narrowing) run in this process
+under the leak check. Fault paths run in throwaway process groups (``glt_scenarios``):
+stock GLT hangs inside C++ there, which only a group SIGKILL can end, and the receive
+thread our producer may leave blocked after a mid-epoch death must not count as a leak of
+this test process.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("graphlearn_torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glt_harness as h
+import glt_scenarios as sc
+import healthkit_glt as hg
+
+import healthkit as hk
+
+pytestmark = pytest.mark.glt
+
+IN_PROCESS_TIMEOUT_S = 300  # GLT start-up is 5-10 s per loader here, more under load
+GUARD_S = 270
+SUBPROCESS_TIMEOUT_S = 240
+
+
+# --- fixtures (as in test_stock_glt_smoke.py) ----------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def multiprocessing_singletons() -> None:
+    """The resource tracker and the mp heap arena are per-interpreter singletons: create
+    them before the per-test leak snapshot (see FINDINGS §6)."""
+    import multiprocessing as mp
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    value = mp.get_context("spawn").Value("I", lock=True)
+    del value
+    # Grow the heap's arena once, here: producers allocate small shared objects (counters,
+    # barrier flags); when a later allocation does not fit the first 4 KiB arena, a new
+    # arena (a deleted /dev/shm file + mmap: 2 fds for the life of the interpreter) would
+    # appear inside a test and look like that test's leak.
+    big = mp.get_context("spawn").RawArray("b", 1 << 20)
+    del big
+
+
+@pytest.fixture
+def stop_resource_sharer() -> Iterator[None]:
+    """Stop multiprocessing's fd-passing thread (started when tensors are sent to spawned
+    workers); it is stdlib, restarts on demand, and would otherwise look like a leak."""
+    yield
+    from multiprocessing import resource_sharer
+
+    resource_sharer.stop(timeout=5)
+
+
+@pytest.fixture
+def glt_context() -> None:
+    h.init_single_process_context()
+
+
+@pytest.fixture
+def guard() -> Iterator[None]:
+    """Last resort for an in-process hang inside C++: dump stacks, SIGKILL the sampling
+    workers we spawned (by pid), exit. pytest-timeout's thread method would leave them."""
+
+    def fire() -> None:
+        faulthandler.dump_traceback(all_threads=True)
+        for pid in h.spawned_worker_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(70)
+
+    timer = threading.Timer(GUARD_S, fire)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+    timer.join()
+
+
+def _segments_of(pid: int) -> set[int]:
+    with open("/proc/sysvipc/shm") as f:
+        header = f.readline().split()
+        rows = [dict(zip(header, line.split(), strict=False)) for line in f]
+    return {int(r["shmid"]) for r in rows if int(r["cpid"]) == pid}
+
+
+def _no_tracebacks(output: str) -> list[str]:
+    bad = ("Traceback", "Exception ignored", "Error", "error")
+    return [line for line in output.splitlines() if any(b in line for b in bad)]
+
+
+# --- configuration (no workers) -----------------------------------------------------------
+
+
+def test_timeouts_default_to_600s_bring_up_k3_and_the_options_timeout_in_steady_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(hg.RPC_INIT_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(hg.STEADY_STATE_RPC_TIMEOUT_ENV, raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = hg.resolve_timeouts(
+            rpc_init_timeout=None, steady_state_rpc_timeout=None,
+            init_timeout_multiplier=hg.DEFAULT_INIT_TIMEOUT_MULTIPLIER, options_rpc_timeout=30,
+        )  # fmt: skip
+    assert (plan.rpc_init_timeout, plan.init_bound_seconds) == (600.0, 1800.0)
+    assert plan.steady_state_rpc_timeout == 30.0
+    assert isinstance(plan.init_bound, hk.EnvBound)
+    assert plan.init_bound.env_var == hg.RPC_INIT_TIMEOUT_ENV
+
+
+def test_env_vars_set_the_timeouts_and_arguments_override_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(hg.RPC_INIT_TIMEOUT_ENV, "120")
+    monkeypatch.setenv(hg.STEADY_STATE_RPC_TIMEOUT_ENV, "45")
+    plan = hg.resolve_timeouts(rpc_init_timeout=None, steady_state_rpc_timeout=None,
+                               init_timeout_multiplier=3, options_rpc_timeout=30)  # fmt: skip
+    assert (plan.rpc_init_timeout, plan.init_bound_seconds) == (120.0, 360.0)
+    assert plan.steady_state_rpc_timeout == 45.0
+    assert "$HEALTHKIT_GLT_RPC_INIT_TIMEOUT_SECONDS" in plan.describe()
+    plan = hg.resolve_timeouts(rpc_init_timeout=10, steady_state_rpc_timeout=5,
+                               init_timeout_multiplier=2, options_rpc_timeout=30)  # fmt: skip
+    assert (plan.rpc_init_timeout, plan.init_bound_seconds, plan.steady_state_rpc_timeout) == (
+        10.0, 20.0, 5.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "0", "nan", "inf"])
+def test_bad_env_values_are_defaulted_with_a_warning_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv(hg.RPC_INIT_TIMEOUT_ENV, raw)
+    monkeypatch.setenv(hg.STEADY_STATE_RPC_TIMEOUT_ENV, raw)
+    with pytest.warns(hk.EnvValueWarning) as record:
+        plan = hg.resolve_timeouts(rpc_init_timeout=None, steady_state_rpc_timeout=None,
+                                   init_timeout_multiplier=3, options_rpc_timeout=30)  # fmt: skip
+    names = " ".join(str(w.message) for w in record)
+    assert hg.RPC_INIT_TIMEOUT_ENV in names and hg.STEADY_STATE_RPC_TIMEOUT_ENV in names
+    assert (plan.rpc_init_timeout, plan.steady_state_rpc_timeout) == (600.0, 30.0)
+
+
+def test_bad_env_values_are_rejected_in_strict_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hg.RPC_INIT_TIMEOUT_ENV, "ten minutes")
+    with pytest.raises(hk.InvalidEnvValueError, match=hg.RPC_INIT_TIMEOUT_ENV):
+        hg.resolve_timeouts(rpc_init_timeout=None, steady_state_rpc_timeout=None,
+                            init_timeout_multiplier=3, options_rpc_timeout=30,
+                            strict_env=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"rpc_init_timeout": 0}, {"rpc_init_timeout": -1.0},
+     {"steady_state_rpc_timeout": float("nan")}, {"init_timeout_multiplier": 0}],
+)  # fmt: skip
+def test_bad_timeout_arguments_are_rejected(kwargs: dict[str, float]) -> None:
+    args: dict[str, float | None] = {"rpc_init_timeout": None, "steady_state_rpc_timeout": None,
+                                     "init_timeout_multiplier": 3}  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(ValueError):
+        hg.resolve_timeouts(options_rpc_timeout=30, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: None) -> None:
+    import torch
+    from graphlearn_torch.channel import ShmChannel
+    from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
+
+    before = _segments_of(os.getpid())
+    dataset = h.build_dataset()
+    channel = ShmChannel(2, "1MB")
+    config = SamplingConfig(SamplingType.NODE, [5, 5], 64, True, False, False, True,
+                            with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
+    producer = hg.DistSamplingProducer(
+        dataset, NodeSamplerInput(node=torch.arange(10)), config, h.make_worker_options(), channel
+    )
+    producer.shutdown()
+    producer.shutdown()
+    with pytest.raises(RuntimeError, match="not running"):
+        producer.recv()
+    del producer, channel
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+# --- non-firing twins, in this process ----------------------------------------------------
+
+
+@pytest.mark.timeout(IN_PROCESS_TIMEOUT_S, method="thread")
+def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_idempotent(
+    glt_context: None, guard: None, stop_resource_sharer: None
+) -> None:
+    import multiprocessing as mp
+
+    before = _segments_of(os.getpid())
+    dataset = h.build_dataset()
+    epochs = 3
+    # Stock GLT needs "spawn" as the default start method (its mp.Value); ours does not.
+    start_method = mp.get_start_method(allow_none=True)
+    h.set_spawn()
+    try:
+        stock = h.build_loader(dataset, h.make_worker_options())
+        try:
+            stock_sums = [h.consume_epoch(stock).checksum for _ in range(epochs)]
+        finally:
+            stock.shutdown()
+    finally:
+        mp.set_start_method(start_method, force=True)
+    del stock
+
+    loader = h.build_loader(dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader)
+    try:
+        runs = [h.consume_epoch(loader) for _ in range(epochs)]
+    finally:
+        t = time.monotonic()
+        loader.shutdown()
+        shutdown_s = time.monotonic() - t
+    t = time.monotonic()
+    loader.shutdown()  # idempotent
+    again_s = time.monotonic() - t
+    producer = loader.producer
+    workers = producer.workers
+    assert [r.checksum for r in runs] == stock_sums
+    assert len(set(stock_sums)) == epochs  # reshuffled every epoch, reproducibly
+    assert all(r.seeds == list(range(h.NUM_NODES)) for r in runs)
+    assert all(len(r.digests) == -(-h.NUM_NODES // h.BATCH_SIZE) for r in runs)
+    assert [w.exitcode for w in workers] == [0, 0]  # STOP, not SIGTERM
+    assert producer.failure is None
+    assert shutdown_s < producer.stop_timeout + 2 * producer.kill_timeout
+    assert again_s < 0.1
+    with pytest.raises(RuntimeError, match="shut down"):
+        iter(loader)
+    del loader, producer, workers, runs
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(IN_PROCESS_TIMEOUT_S, method="thread")
+@pytest.mark.parametrize(
+    ("rpc_init_timeout", "expected_after"),
+    [(60.0, 30.0), (30.0, 30.0)],
+    ids=["narrowed-60s-to-30s", "no-op-when-equal"],
+)
+def test_worker_reads_back_its_rpc_timeout_before_and_after_the_init_barrier(
+    glt_context: None,
+    guard: None,
+    stop_resource_sharer: None,
+    rpc_init_timeout: float,
+    expected_after: float,
+) -> None:
+    with tempfile.TemporaryDirectory() as report_dir:
+        loader = h.build_loader(
+            h.build_dataset(),
+            h.make_worker_options(rpc_timeout=30.0),
+            loader_cls=hg.DistNeighborLoader,
+            worker_loop=sc.rpc_timeout_reporting_loop,
+            rpc_init_timeout=rpc_init_timeout,
+            worker_extra={"report_dir": report_dir},
+        )
+        try:
+            epoch = h.consume_epoch(loader)  # the custom loop samples like the default one
+            reports = {}
+            for rank in (0, 1):
+                with open(os.path.join(report_dir, f"rpc-timeout-{rank}.json")) as f:
+                    reports[rank] = json.load(f)
+        finally:
+            loader.shutdown()
+    assert epoch.seeds == list(range(h.NUM_NODES))
+    assert loader.producer.timeouts.steady_state_rpc_timeout == 30.0
+    for rank in (0, 1):
+        assert reports[rank] == {"before": rpc_init_timeout, "after": expected_after}
+    del loader
+    gc.collect()
+
+
+# --- fault matrix, each in its own process group ------------------------------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_sigkilled_during_init_stock_glt_hangs_healthkit_glt_fails_in_seconds() -> None:
+    stock = sc.run_stock("hang-init", timeout=20.0)
+    assert stock.returncode is None, stock.output  # still hung at the deadline, then killed
+    # the loader's process, in the producer's unbounded barrier.wait() (FINDINGS §3)
+    assert 'dist_sampling_producer.py", line 221 in init' in stock.stacks, stock.stacks
+
+    run = sc.run_scenario("hk-init-sigkill", ["0.5"], timeout=120)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised" and r["type"] == "BarrierBrokenError"
+    assert r["after_kill_s"] < 5.0
+    assert r["exit_codes"] == {"0": -9}
+    assert r["causes"] in (["SIGKILL_UNCONFIRMED"], ["OOM_KILLED"])
+    assert "sampling worker 0" in r["message"] and "killed by SIGKILL" in r["message"]
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+    assert "Exception ignored" not in run.output
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_raising_during_init_fails_the_loader_with_its_exit_code_and_traceback() -> None:
+    run = sc.run_scenario("hk-init-raise", timeout=150)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised" and r["type"] == "BarrierBrokenError"
+    assert r["exit_codes"] == {"1": 1} and r["causes"] == ["ERROR_EXIT"]
+    assert "exited with code 1" in r["message"]
+    assert "--- sampling worker 1 raised ---" in r["message"]
+    assert "ValueError: bad fan-out [5, 5]" in r["message"]
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+    assert "Exception ignored" not in run.output
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_hanging_during_init_fails_at_the_bound_with_the_hanging_stack() -> None:
+    run = sc.run_scenario("hk-init-hang", ["30", "1"], timeout=150)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised" and r["type"] == "BarrierTimeoutError"
+    assert "TimeoutError" in r["mro"]
+    assert 30.0 <= r["elapsed_s"] < 60.0
+    assert r["exit_codes"] == {} and 1 in r["not_arrived"]
+    assert "hang_in_sampler_factory" in r["message"]
+    assert "(bound 30s)" in r["message"] and "1 x" in r["message"]
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_seconds() -> None:
+    stock = sc.run_stock("hang-epoch", ["0", "0.5"], timeout=25.0)
+    assert stock.returncode is None, stock.output  # hung in ShmChannel.recv, then killed
+    assert 'shm_channel.py", line 66 in recv' in stock.stacks, stock.stacks
+
+    run = sc.run_scenario("hk-epoch-sigkill", ["0.5", "1"], timeout=120)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised" and r["type"] == "SamplingWorkerDiedError"
+    assert "ProcessDiedError" in r["mro"]
+    assert r["after_kill_s"] < 5.0
+    assert (r["rank"], r["exit_code"], r["signal"]) == (1, -9, "SIGKILL")
+    assert r["cause"] in ("SIGKILL_UNCONFIRMED", "OOM_KILLED")
+    waited_for = r["batches"] + 1  # usually 2; a batch already in flight may still arrive
+    assert f"sampling worker 1 died while the loader waited for batch {waited_for};" in r[
+        "message"
+    ]
+    assert r["same_error_on_reuse"] is True
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_sigkilled_mid_epoch_with_a_fast_consumer_fails_in_seconds() -> None:
+    run = sc.run_scenario("hk-epoch-sigkill", ["0", "0"], timeout=120)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["type"] == "SamplingWorkerDiedError" and r["after_kill_s"] < 5.0
+    assert (r["rank"], r["signal"]) == (1, "SIGKILL")
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_script_that_exits_without_shutdown_exits_0_quietly_and_leaves_nothing() -> None:
+    run = sc.run_scenario("hk-exit-without-shutdown", ["2"], timeout=150)
+    assert run.returncode == 0, run.output
+    assert run.result["outcome"] == "done"
+    assert _no_tracebacks(run.output) == [], run.output
+    assert run.survivors == [] and run.leaked_segments == []

@@ -1,0 +1,123 @@
+"""Stock graphlearn-torch works here: one epoch of a 2-worker mp-mode DistNeighborLoader on a
+small random graph, in this process, bounded, and nothing is left behind afterwards."""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("graphlearn_torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glt_harness as h
+
+pytestmark = pytest.mark.glt
+
+# The loader blocks inside C++ (ShmChannel.recv) where a SIGALRM handler never runs, so the
+# pytest-timeout signal method cannot end a hang here: use its thread method as the last
+# resort, and our own guard first, which also kills the sampling workers so that a hang does
+# not leave orphans behind when the run is aborted.
+TEST_TIMEOUT_S = 300
+GUARD_S = 270
+
+
+@pytest.fixture(scope="module", autouse=True)
+def multiprocessing_singletons() -> None:
+    """Create the stdlib's per-interpreter multiprocessing singletons before the per-test leak
+    snapshot: the resource tracker (conftest already exempts its process, not its pipe fd) and
+    the shared-memory heap arena behind ``mp.Value`` (GLT's producer makes one; a small arena
+    and its two fds, the file and mmap's dup of it, live as long as the interpreter)."""
+    import multiprocessing as mp
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    value = mp.get_context("spawn").Value("I", lock=True)
+    del value
+
+
+@pytest.fixture
+def spawn_start_method() -> Iterator[None]:
+    """GLT needs ``spawn`` as the default start method; restore the previous one afterwards
+    (the graphlearn tier that runs in the same session starts its server with fork)."""
+    import multiprocessing as mp
+
+    before = mp.get_start_method(allow_none=True)
+    h.set_spawn()
+    yield
+    mp.set_start_method(before, force=True)
+
+
+@pytest.fixture
+def stop_resource_sharer() -> Iterator[None]:
+    """Stop multiprocessing's fd-passing server thread after the test.
+
+    Spawning a worker with a tensor in shared memory (torch's default ``file_descriptor``
+    strategy) passes fds through ``multiprocessing.resource_sharer``, whose listener thread
+    (``_serve``) and socket live until the interpreter exits. It is stdlib, not GLT, and it is
+    restarted on demand, so stopping it once the workers have their fds is safe.
+    """
+    yield
+    from multiprocessing import resource_sharer
+
+    resource_sharer.stop(timeout=5)
+
+
+def _sysv_segments_of(pid: int) -> list[int]:
+    with open("/proc/sysvipc/shm") as f:
+        header = f.readline().split()
+        rows = [dict(zip(header, line.split(), strict=False)) for line in f]
+    return [int(r["shmid"]) for r in rows if int(r["cpid"]) == pid]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S, method="thread")
+def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
+    spawn_start_method: None, stop_resource_sharer: None
+) -> None:
+    segments_before = set(_sysv_segments_of(os.getpid()))
+    worker_pids: list[int] = []
+
+    def guard() -> None:  # only runs if the test hangs
+        faulthandler.dump_traceback(all_threads=True)
+        for pid in worker_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(70)
+
+    timer = threading.Timer(GUARD_S, guard)
+    timer.daemon = True
+    timer.start()
+    try:
+        h.init_single_process_context()
+        dataset = h.build_dataset()
+        t0 = time.monotonic()
+        loader = h.build_loader(dataset, h.make_worker_options(num_workers=2))
+        startup = time.monotonic() - t0
+        worker_pids.extend(w.pid for w in loader._mp_producer._workers)
+        try:
+            t1 = time.monotonic()
+            epoch = h.consume_epoch(loader)
+            elapsed = time.monotonic() - t1
+        finally:
+            loader.shutdown()
+        workers = loader._mp_producer._workers
+        del loader, dataset
+        gc.collect()  # the ShmChannel's owner removes its SysV segment in its destructor
+    finally:
+        timer.cancel()
+        timer.join()
+
+    assert len(epoch.digests) == -(-h.NUM_NODES // h.BATCH_SIZE)
+    assert epoch.seeds == list(range(h.NUM_NODES))
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert set(_sysv_segments_of(os.getpid())) == segments_before
+    print(f"start-up {startup:.2f}s, epoch {elapsed:.3f}s")
