@@ -30,7 +30,7 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
-from healthkit._orphan import die_with_parent
+from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._stacks import dump_stack, dump_stacks, enable_stack_dumps
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
@@ -60,6 +60,7 @@ __all__ = [
     "exit_process",
     "log_diagnosis",
     "raise_in_main_thread",
+    "set_thread_name",
     "write_torchelastic_error_file",
     "Cause",
     "Diagnosis",

@@ -154,30 +154,12 @@ class KernelLog:
         return iter(self._read_all(fd))
 
     def _read_all(self, fd: int) -> list[KernelRecord]:
-        out: list[KernelRecord] = []
         try:
-            pending = b""
-            while True:
-                try:
-                    chunk = os.read(fd, 8192)
-                except OSError as e:
-                    if e.errno == errno.EPIPE:  # records overwritten while reading: go on
-                        continue
-                    break  # EAGAIN: the end of the buffer
-                if not chunk:
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    rec = _parse_kmsg(line)
-                    if rec is not None:
-                        out.append(rec)
-            rec = _parse_kmsg(pending)
-            if rec is not None:
-                out.append(rec)
+            records, rest = _drain(fd, b"")
         finally:
             os.close(fd)
-        return out
+        last = _parse_kmsg(rest)
+        return records + ([last] if last is not None else [])
 
     def last_seq(self) -> int | None:
         records = self.records()
@@ -236,24 +218,10 @@ class KernelLogFollower:
         return self._fd is not None
 
     def _read_new(self) -> None:
-        fd = self._fd
-        if fd is None:
+        if self._fd is None:
             return
-        while True:
-            try:
-                chunk = os.read(fd, 8192)
-            except OSError as e:
-                if e.errno == errno.EPIPE:  # records overwritten while reading: go on
-                    continue
-                break  # EAGAIN: nothing more for now
-            if not chunk:
-                break  # a regular file's end (fixtures); appended records come later
-            self._pending += chunk
-            *lines, self._pending = self._pending.split(b"\n")
-            for line in lines:
-                rec = _parse_kmsg(line)
-                if rec is not None and _OOM_WORDS.search(rec.message):
-                    self._oom.append(rec)
+        records, self._pending = _drain(self._fd, self._pending)
+        self._oom.extend(rec for rec in records if _OOM_WORDS.search(rec.message))
 
     def oom_kill_lines(self, pid: int) -> list[str] | None:
         """Lines since construction saying the OOM killer killed ``pid``; ``None`` if the
@@ -279,6 +247,26 @@ class KernelLogFollower:
 
 
 _OOM_WORDS = re.compile(r"Killed process|oom", re.IGNORECASE)
+
+
+def _drain(fd: int, pending: bytes) -> tuple[list[KernelRecord], bytes]:
+    """Read what ``fd`` has now: ``/dev/kmsg`` gives one record per read and EAGAIN at the
+    end; a regular file (fixtures) gives lines and then EOF. Returns the complete records
+    and the unfinished tail."""
+    out: list[KernelRecord] = []
+    while True:
+        try:
+            chunk = os.read(fd, 8192)
+        except OSError as e:
+            if e.errno == errno.EPIPE:  # records overwritten while reading: go on
+                continue
+            break  # EAGAIN: nothing more for now
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        out.extend(rec for rec in map(_parse_kmsg, lines) if rec is not None)
+    return out, pending
 
 
 def _parse_kmsg(line: bytes) -> KernelRecord | None:

@@ -23,7 +23,7 @@ import ctypes
 import os
 import signal
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "set_thread_name"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -47,3 +47,15 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     if os.getppid() != parent_pid:  # reparented before prctl took effect: the parent died
         os.kill(os.getpid(), sig)
         os._exit(128 + int(sig))  # only reached if ``sig`` is caught or ignored here
+
+
+def set_thread_name(name: str) -> None:
+    """Set this thread's kernel name (``comm``, 15 bytes), shown by ps/top; best effort.
+
+    A helper named after its role ("gl-sampler-srv") is recognisable in ``ps`` and in the
+    kernel's OOM-kill record, which names the process by this field.
+    """
+    try:
+        _prctl(_PR_SET_NAME, name.encode()[:15])
+    except OSError:
+        pass

@@ -48,9 +48,9 @@ from healthkit import (
     ProcessWatch,
     die_with_parent,
     env_seconds,
+    set_thread_name,
 )
 from healthkit_graphlearn._env import DistEnv, check_index
-from healthkit_graphlearn._orphan import set_thread_name
 
 __all__ = [
     "DEFAULT_READY_TIMEOUT",
