@@ -370,16 +370,21 @@ class ProcessWatch:
             return self._status
         if self._pidfd is None or not _readable_now(self._pidfd):
             return None
-        if not self.is_child:
-            return self._status_from_zombie()
-        try:
-            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            info = None
-        if info is None:
-            code = self._owner_returncode()
-            return None if code is None else ExitStatus(code, "owner")
-        return _status_from_siginfo(info, "waitid")
+        # Under the collection lock: another thread may be reaping it right now (between
+        # its waitpid() and publishing the code); wait for that instead of seeing nothing.
+        with self._lock:
+            if self._status is not None:
+                return self._status
+            if not self.is_child:
+                return self._status_from_zombie()
+            try:
+                info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+            if info is None:  # reaped by the owner object from another thread
+                code = self._wait_owner_returncode()
+                return None if code is None else ExitStatus(code, "owner")
+            return _status_from_siginfo(info, "waitid")
 
     def is_alive(self) -> bool:
         return self.poll() is None
