@@ -26,7 +26,18 @@ def _children(pid: int) -> set[int]:
 
 
 def _fds() -> set[int]:
-    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+    """Open fds, less multiprocessing's shared-memory heap arenas: the heap is process-wide,
+    grows by a new arena (one fd each, named ``pym-<pid>-...``) when a test's shared values
+    no longer fit, and never shrinks, so a new arena is not the leak of the test that grew it."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "/pym-" not in target:
+            out.add(int(fd))
+    return out
 
 
 def _describe(pid: int) -> str:
