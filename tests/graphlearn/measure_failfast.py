@@ -1,6 +1,6 @@
 """Measure how fast the owning rank ends after its GL server is SIGKILLed mid-sampling.
 
-    cd /work/main && .venv-glt/bin/python tests/graphlearn/measure_failfast.py [RUNS]
+    .venv-glt/bin/python tests/graphlearn/measure_failfast.py [RUNS]
 
 The owner (scripts/gl_owner.py sample-loop) calls ``sampler.get()`` in a loop in its main
 thread, so the kill nearly always lands during a GL call, which then holds the GIL through

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gl_procs import descendants
 
 pytestmark = pytest.mark.graphlearn
 
@@ -30,22 +31,6 @@ except GraphLearnImportError as e:
 import gl_harness
 print("RESULT " + json.dumps(gl_harness.run_smoke(os.getcwd())), flush=True)
 """
-
-
-def _descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-                out += kids
-                todo += kids
-        except OSError:
-            pass
-    return out
 
 
 def _pid_gone(pid: int) -> bool:
@@ -70,7 +55,7 @@ def test_negative_sampling_against_real_server_returns_valid_ids_and_tears_down(
         out, err = proc.communicate(timeout=100)
     except subprocess.TimeoutExpired:
         # Kill exactly what we started: the subprocess and its descendants, by pid.
-        for pid in [*_descendants(proc.pid), proc.pid]:
+        for pid in [*descendants(proc.pid), proc.pid]:
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
