@@ -87,6 +87,17 @@ class NegativeSampler:
             self._shorten_after_first_call = False
         return nodes.ids.reshape(-1)
 
+    def close(self) -> None:
+        """Stop this rank's GL client (tzrec does it in ``__del__``). GL's client threads still
+        running at interpreter exit can corrupt the heap (SIGABRT, exit -6)."""
+        if self._g is not None:
+            self._g.close()
+            self._g = None
+            self._sampler = None
+
+    def __del__(self) -> None:
+        self.close()
+
     @property
     def server_pid(self) -> int | None:
         return None if self._server is None else int(self._server.pid)
@@ -139,6 +150,7 @@ def main() -> int:
             print(f"TRAINING rank={env.rank}", flush=True)
         step += 1
         time.sleep(0.01)
+    sampler.close()  # every client disconnects before any server goes away
     dist.barrier()
     print(f"JOB DONE rank={env.rank} steps={step}", flush=True)
     dist.destroy_process_group()

@@ -40,6 +40,13 @@ def _fds() -> set[int]:
     return out
 
 
+def _describe_fd(fd: int) -> str:
+    try:
+        return f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}"
+    except OSError:
+        return f"{fd} (closed since)"
+
+
 def _describe(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -117,7 +124,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             )
         )
     if fds:
-        problems.append(f"file descriptors left: {sorted(fds)}")
+        described = ", ".join(_describe_fd(fd) for fd in sorted(fds))
+        problems.append(f"file descriptors left: {described}")
     if problems:
         pytest.fail("leak check: " + " | ".join(problems))
 
