@@ -471,7 +471,14 @@ class ProcessWatch:
     # ------------------------------------------------------------------ collection
     def _owner_returncode(self) -> int | None:
         if self._process is not None:
-            return self._process.exitcode
+            code = self._process.exitcode  # may reap it
+            if code is not None:
+                # Reaping through ``exitcode`` alone leaves the Process in multiprocessing's
+                # child list (and its Popen's pipe fds open) until the next start();
+                # join() on an ended process returns at once and drops it.
+                with contextlib.suppress(AssertionError, ValueError):
+                    self._process.join(0)
+            return code
         if self._popen is not None:
             return self._popen.returncode
         return None
@@ -503,7 +510,7 @@ class ProcessWatch:
             status = self._status_from_zombie()
             if self._process is not None:
                 self._process.join(_OWNER_HANDOFF_S)
-                code = self._process.exitcode
+                code = self._owner_returncode()
                 if code is not None:
                     return ExitStatus(code, "multiprocessing", core_dumped=status.core_dumped)
             return status
@@ -551,7 +558,7 @@ class ProcessWatch:
         # The sentinel closes before the child is a zombie; a blocking join on an exiting
         # process is bounded by the kernel finishing exit(), so bound it generously.
         self._process.join(_REAPER_HANDOFF_S)
-        code = self._process.exitcode
+        code = self._owner_returncode()
         return ExitStatus(code, "multiprocessing" if code is not None else "unknown")
 
 

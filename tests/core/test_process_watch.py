@@ -269,6 +269,26 @@ def test_watch_of_a_process_already_joined_knows_its_status_at_once() -> None:
     p.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_watch_that_reaps_a_multiprocessing_child_also_drops_it_from_active_children(
+    start_method: str,
+) -> None:
+    """Reaping through ``Process.exitcode`` alone leaves the Process in multiprocessing's
+    child list (only ``join()``/``is_alive()`` drop it), with the pipe fds of its Popen."""
+    import multiprocessing.process
+
+    p = mp.get_context(start_method).Process(target=helpers.exit_3)
+    p.start()
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+    with ProcessWatch(p) as w:
+        assert w.wait(30) is not None and w.status is not None
+        assert w.status.returncode == 3
+    assert p.exitcode == 3
+    assert p not in multiprocessing.process._children
+    p.close()
+
+
 @pytest.mark.timeout(30)
 def test_poll_and_timed_wait_return_none_while_the_process_runs() -> None:
     with started("popen", "sleep") as s:

@@ -204,6 +204,25 @@ def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: 
     assert _segments_of(os.getpid()) == before
 
 
+def test_teardown_joins_a_worker_already_reaped_so_no_fd_outlives_the_producer() -> None:
+    """A worker reaped by an ``exitcode`` read before the teardown (it exited first) must
+    still be joined: multiprocessing otherwise keeps it in its child list, with its Popen's
+    two pipe fds, until the next Process.start() (seen as a 2-fd leak after a test)."""
+    import multiprocessing as mp
+    import multiprocessing.process
+
+    from healthkit_glt._producer import _join_all
+
+    worker = mp.get_context("spawn").Process(target=time.sleep, args=(0,))
+    worker.start()
+    os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
+    assert worker.exitcode == 0  # reaped here, but still listed as a child
+    assert worker in multiprocessing.process._children
+    assert _join_all([worker], 5.0) == []
+    assert worker not in multiprocessing.process._children
+    del worker  # its fds close now; the leak check verifies it
+
+
 # --- non-firing twins, in this process ----------------------------------------------------
 
 

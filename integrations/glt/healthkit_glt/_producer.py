@@ -228,18 +228,21 @@ def _register_atexit_once() -> None:
 
 
 def _join_all(workers: Sequence[BaseProcess], timeout: float) -> list[BaseProcess]:
-    """Join every worker within one shared deadline (not ``timeout`` each); the rest."""
+    """Join every worker within one shared deadline (not ``timeout`` each); the rest.
+
+    Liveness is read with ``is_alive()``, never ``exitcode``: reading ``exitcode`` reaps a
+    worker without dropping it from multiprocessing's list of children (``join()`` and
+    ``is_alive()`` do), which then keeps the Process, and the two pipe fds of its Popen,
+    until the next ``Process.start()``.
+    """
     deadline = time.monotonic() + timeout
-    alive = [w for w in workers if w.pid is not None and w.exitcode is None]
-    while alive:
+    alive = [w for w in workers if w.pid is not None]
+    while True:
+        alive = [w for w in alive if w.is_alive()]
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
+        if not alive or remaining <= 0:
+            return alive
         multiprocessing.connection.wait([w.sentinel for w in alive], remaining)
-        for w in alive:
-            w.join(0)  # reaps the ones that ended
-        alive = [w for w in alive if w.exitcode is None]
-    return alive
 
 
 class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
