@@ -1,13 +1,15 @@
 """Benchmark: stock graphlearn-torch vs healthkit_glt, same graph, same run.
 
 1. Throughput: epochs/s (and batches/s) of GLT's DistNeighborLoader vs
-   healthkit_glt.DistNeighborLoader, both alive at once and iterated alternately, so load
-   from other processes on this shared machine hits both alike. Each epoch covers the
+   healthkit_glt.DistNeighborLoader, one loader at a time in the order A B B A, so drifting
+   load from other processes hits both alike. Each epoch covers the
    1,000-node graph's seeds many times over (``--seed-repeats``), so GLT's fixed 0.1 s sleep
    per epoch (``produce_all``) is a small part of an epoch. The consumer does nothing but
    drop each batch, which makes any per-batch cost of ours as visible as it can be.
 2. Time from a worker's death to the error, during init and mid-epoch, for healthkit_glt,
    next to stock GLT, which hangs (reported as "still hung after N s", then killed).
+3. GLT's concurrent-writer stall: two processes sending into one ShmChannel of capacity 2,
+   plain (stock) vs through healthkit_glt's send lock; how many runs stall for good.
 
 Usage::
 
@@ -58,6 +60,9 @@ def throughput(epochs: int, seed_repeats: int) -> dict[str, Any]:
     h.init_single_process_context()
     dataset = h.build_dataset()
     seeds = torch.arange(h.NUM_NODES).repeat(seed_repeats)
+    # One epoch's batches fit in the channel: stock GLT's concurrent-writer stall cannot
+    # happen then (see STOCK_SAFE_CHANNEL_CAPACITY); both loaders get the same options.
+    capacity = -(-len(seeds) // h.BATCH_SIZE)
 
     def build(cls: Any) -> tuple[Any, float]:
         from graphlearn_torch.distributed import DistNeighborLoader
@@ -66,7 +71,7 @@ def throughput(epochs: int, seed_repeats: int) -> dict[str, Any]:
         loader = (cls or DistNeighborLoader)(
             dataset, list(h.NUM_NEIGHBORS), seeds, batch_size=h.BATCH_SIZE, shuffle=True,
             collect_features=True, to_device=torch.device("cpu"), random_seed=h.LOADER_SEED,
-            worker_options=h.make_worker_options(),
+            worker_options=h.make_worker_options(channel_capacity=capacity),
         )  # fmt: skip
         return loader, time.perf_counter() - t
 
@@ -128,6 +133,23 @@ def death_to_error(hang_s: float, repeats: int, hk_timeout: float) -> dict[str, 
     return out
 
 
+def writer_race(runs: int, messages: int, stall_s: float) -> dict[str, Any]:
+    """Both modes alternately, ``runs`` each; a run still going at ``stall_s`` is stalled
+    (every process alive, blocked in the C++ queue) and is killed."""
+    out: dict[str, Any] = {m: {"stalled": 0, "seconds": []} for m in ("stock", "serialized")}
+    for _ in range(runs):
+        for mode in ("stock", "serialized"):
+            r = sc.run_scenario("channel-writers", [mode, "2", str(messages)], timeout=stall_s)
+            if r.returncode is None:
+                out[mode]["stalled"] += 1
+            else:
+                res = r.result
+                assert res["received"] == 2 * messages and res["out_of_order"] == 0, r.output
+                out[mode]["seconds"].append(res["seconds"])
+    out["runs"], out["messages"], out["stall_s"] = runs, messages, stall_s
+    return out
+
+
 def machine() -> str:
     model = "?"
     try:
@@ -145,7 +167,9 @@ def machine() -> str:
     )
 
 
-def report(args: argparse.Namespace, tp: dict[str, Any], dt: dict[str, Any]) -> str:
+def report(
+    args: argparse.Namespace, tp: dict[str, Any], dt: dict[str, Any], wr: dict[str, Any]
+) -> str:
     import graphlearn_torch
     import torch
 
@@ -236,6 +260,26 @@ def report(args: argparse.Namespace, tp: dict[str, Any], dt: dict[str, Any]) -> 
     ]
     for key in ("init", "mid-epoch"):
         lines.append(f"- {key}: `{dt[key]['head']}`")
+    lines += [
+        "",
+        "## Two writers, one channel: GLT's concurrent-writer stall",
+        "",
+        f"Two spawned processes each send {wr['messages']} small messages into one "
+        "`ShmChannel(capacity=2)`; the consumer receives them all and checks each writer's "
+        f"order. A run still going after {wr['stall_s']:.0f} s is stalled (every process "
+        "alive, blocked in `sem_wait` in the C++ queue) and is killed. The two modes "
+        f"alternate, {wr['runs']} runs each.",
+        "",
+        "| writers send | runs | stalled for good | completed runs: time to receive all |",
+        "|---|---|---|---|",
+    ]
+    for mode, what in (
+        ("stock", "concurrently (stock GLT)"),
+        ("serialized", "through healthkit_glt's send lock"),
+    ):
+        d = wr[mode]
+        done = ", ".join(f"{x:.1f} s" for x in d["seconds"]) or "none completed"
+        lines.append(f"| {what} | {wr['runs']} | {d['stalled']} | {done} |")
     return "\n".join(lines) + "\n"
 
 
@@ -246,6 +290,7 @@ def main() -> int:
     p.add_argument("--seed-repeats", type=int, default=None)
     p.add_argument("--hang-seconds", type=float, default=None)
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--writer-runs", type=int, default=None)
     p.add_argument("--out", default=OUT)
     p.add_argument("--budget", type=float, default=None, help="abort after this many s")
     args = p.parse_args()
@@ -259,7 +304,12 @@ def main() -> int:
     tp = throughput(epochs, repeats_seeds)
     print(f"throughput done in {time.monotonic() - t0:.0f} s", flush=True)
     dt = death_to_error(hang_s, repeats, 60.0 if args.quick else 180.0)
-    text = report(args, tp, dt)
+    wr = writer_race(
+        args.writer_runs or (1 if args.quick else 5),
+        1000 if args.quick else 3000,
+        10.0 if args.quick else 30.0,
+    )
+    text = report(args, tp, dt, wr)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)

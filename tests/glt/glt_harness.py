@@ -45,6 +45,13 @@ NUM_NEIGHBORS = (5, 5)
 GRAPH_SEED = 0
 LOADER_SEED = 42
 GROUP_NAME = "healthkit-glt-test"
+BATCHES_PER_EPOCH = -(-NUM_NODES // BATCH_SIZE)
+# Stock GLT's ShmChannel can stall for good with two concurrent writers: a writer one ring
+# lap ahead takes the slot of a block not yet written (healthkit_glt serialises its
+# workers' sends; see SerializedSendChannel). A lap needs ``channel_capacity`` blocks in
+# flight, and a loader never has more than one epoch's batches in flight, so a capacity of
+# at least the batches per epoch rules the race out for the stock reference runs.
+STOCK_SAFE_CHANNEL_CAPACITY = BATCHES_PER_EPOCH
 
 
 def set_spawn() -> None:
@@ -107,11 +114,14 @@ def make_worker_options(
     rpc_timeout: float = 30.0,
     worker_concurrency: int = 1,
     channel_size: str = "16MB",
+    channel_capacity: int | None = None,
 ) -> Any:
+    """GLT's worker options for the test graph; ``channel_capacity`` overrides GLT's
+    ``num_workers x worker_concurrency`` (see ``STOCK_SAFE_CHANNEL_CAPACITY``)."""
     import torch
     from graphlearn_torch.distributed import MpDistSamplingWorkerOptions
 
-    return MpDistSamplingWorkerOptions(
+    opts = MpDistSamplingWorkerOptions(
         num_workers=num_workers,
         worker_devices=[torch.device("cpu")] * num_workers,
         worker_concurrency=worker_concurrency,
@@ -121,6 +131,9 @@ def make_worker_options(
         rpc_timeout=rpc_timeout,
         channel_size=channel_size,
     )
+    if channel_capacity is not None:
+        opts.channel_capacity = channel_capacity
+    return opts
 
 
 def build_loader(
@@ -240,7 +253,9 @@ def run_epochs(
     t0 = time.monotonic()
     loader = build_loader(
         dataset,
-        make_worker_options(num_workers=num_workers),
+        make_worker_options(
+            num_workers=num_workers, channel_capacity=-(-dataset.node_labels.numel() // batch_size)
+        ),
         batch_size=batch_size,
         seed=seed,
         loader_cls=loader_cls,

@@ -241,6 +241,52 @@ def scenario_hk_exit_without_shutdown(epochs: int = 2) -> None:
     _result(outcome="done", worker_pids=[w.pid for w in loader.producer.workers])
 
 
+def _channel_writer(channel: Any, messages: int, tag: int, lock: Any) -> None:
+    """A sampling worker's sends without the sampling: ``messages`` numbered messages."""
+    import healthkit_glt as hg
+    import torch
+
+    if lock is not None:
+        channel = hg.SerializedSendChannel(channel, lock)
+    for i in range(messages):
+        channel.send({"i": torch.full((100,), i), "tag": torch.tensor([tag])})
+
+
+def scenario_channel_writers(mode: str = "serialized", capacity: int = 2,
+                             messages: int = 3000) -> None:  # fmt: skip
+    """Two spawned writers send ``messages`` each into one ShmChannel; the consumer checks
+    that each writer's messages arrive complete and in order. ``mode`` is ``serialized``
+    (healthkit_glt's send lock) or ``stock`` (plain concurrent ``send``: GLT's lap race)."""
+    import multiprocessing as mp
+
+    from graphlearn_torch.channel import ShmChannel
+
+    ctx = mp.get_context("spawn")
+    channel = ShmChannel(capacity, "8MB")
+    lock = ctx.Lock() if mode == "serialized" else None
+    writers = [
+        ctx.Process(target=_channel_writer, args=(channel, messages, tag, lock), daemon=True)
+        for tag in range(2)
+    ]
+    for w in writers:
+        w.start()
+    t0 = time.monotonic()
+    last = [-1, -1]
+    out_of_order = received = 0
+    while received < 2 * messages:
+        msg = channel.recv()
+        tag, i = int(msg["tag"][0]), int(msg["i"][0])
+        out_of_order += i != last[tag] + 1
+        last[tag] = i
+        received += 1
+        del msg
+    seconds = time.monotonic() - t0
+    for w in writers:
+        w.join()
+    _result(outcome="done", received=received, out_of_order=out_of_order, seconds=seconds,
+            writer_exit_codes=[w.exitcode for w in writers])  # fmt: skip
+
+
 SCENARIOS = {
     "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
     "hk-init-raise": lambda a: scenario_hk_init_raise(),
@@ -248,6 +294,9 @@ SCENARIOS = {
     "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(*(float(x) for x in a)),
     "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
         *(int(x) for x in a)
+    ),
+    "channel-writers": lambda a: scenario_channel_writers(
+        *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),
 }
 

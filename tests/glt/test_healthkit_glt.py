@@ -236,10 +236,14 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     dataset = h.build_dataset()
     epochs = 3
     # Stock GLT needs "spawn" as the default start method (its mp.Value); ours does not.
+    # Stock runs with a channel capacity that rules out its concurrent-writer stall; ours
+    # with GLT's default (2 here), where only its send lock keeps the two writers apart.
     start_method = mp.get_start_method(allow_none=True)
     h.set_spawn()
     try:
-        stock = h.build_loader(dataset, h.make_worker_options())
+        stock = h.build_loader(
+            dataset, h.make_worker_options(channel_capacity=h.STOCK_SAFE_CHANNEL_CAPACITY)
+        )
         try:
             stock_sums = [h.consume_epoch(stock).checksum for _ in range(epochs)]
         finally:
@@ -406,3 +410,35 @@ def test_script_that_exits_without_shutdown_exits_0_quietly_and_leaves_nothing()
     assert run.result["outcome"] == "done"
     assert _no_tracebacks(run.output) == [], run.output
     assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_two_writers_through_the_send_lock_deliver_every_message_in_order_at_capacity_2() -> None:
+    # Without the lock, this exact run (GLT's plain concurrent send) stalled for good in
+    # every one of 8 tries here: benchmarks/glt_bench.py measures it side by side.
+    run = sc.run_scenario("channel-writers", ["serialized", "2", "3000"], timeout=120)
+    assert run.returncode == 0, f"stalled ({run.elapsed_s:.0f} s):\n{run.stacks}\n{run.output}"
+    r = run.result
+    assert (r["received"], r["out_of_order"], r["writer_exit_codes"]) == (6000, 0, [0, 0])
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+def test_the_send_lock_wraps_send_only_and_forwards_everything_else(glt_context: None) -> None:
+    import multiprocessing as mp
+
+    import torch
+    from graphlearn_torch.channel import ChannelBase, ShmChannel
+
+    lock = mp.get_context("spawn").Lock()
+    inner = ShmChannel(2, "1MB")
+    channel = hg.SerializedSendChannel(inner, lock)
+    assert isinstance(channel, ChannelBase)
+    assert channel.empty()  # forwarded
+    channel.send({"x": torch.arange(3)})
+    assert lock.acquire(block=False)  # released after the send
+    lock.release()
+    assert torch.equal(channel.recv(timeout_ms=1000)["x"], torch.arange(3))
+    with pytest.raises(AttributeError, match="no_such_method"):
+        channel.no_such_method  # noqa: B018
+    del channel, inner
+    gc.collect()

@@ -100,7 +100,9 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
         h.init_single_process_context()
         dataset = h.build_dataset()
         t0 = time.monotonic()
-        loader = h.build_loader(dataset, h.make_worker_options(num_workers=2))
+        loader = h.build_loader(dataset, h.make_worker_options(
+            num_workers=2, channel_capacity=h.STOCK_SAFE_CHANNEL_CAPACITY
+        ))
         startup = time.monotonic() - t0
         worker_pids.extend(w.pid for w in loader._mp_producer._workers)
         try:

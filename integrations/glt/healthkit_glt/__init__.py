@@ -18,6 +18,7 @@ from healthkit_glt._producer import DistSamplingProducer, SamplingWorkerDiedErro
 from healthkit_glt._worker import (
     SamplerFactory,
     SamplingWorkerContext,
+    SerializedSendChannel,
     WorkerLoop,
     create_dist_sampler,
     default_worker_loop,
@@ -43,6 +44,7 @@ __all__ = [
     "SamplerFactory",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",
+    "SerializedSendChannel",
     "TimeoutPlan",
     "WorkerLoop",
     "create_dist_sampler",

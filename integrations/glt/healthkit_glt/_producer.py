@@ -363,6 +363,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             hint=hint,
         )
         self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
+        # GLT's ShmChannel stalls with concurrent writers (see SerializedSendChannel).
+        send_lock = self._ctx.Lock() if self.num_workers > 1 else None
         for rank in range(self.num_workers):
             task_queue = self._ctx.Queue(self.num_workers * self.worker_options.worker_concurrency)
             self._task_queues.append(task_queue)
@@ -382,6 +384,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 steady_state_rpc_timeout=plan.steady_state_rpc_timeout,
                 error_dir=self._error_dir,
                 extra=self.worker_extra,
+                send_lock=send_lock,
             )
             w = self._ctx.Process(
                 target=_worker_entry,

@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
+from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier
 
 __all__ = [
     "SamplerFactory",
+    "SerializedSendChannel",
     "SamplingWorkerContext",
     "WorkerLoop",
     "create_dist_sampler",
@@ -62,6 +64,40 @@ class SamplerFactory(Protocol):
 
 
 WorkerLoop = Callable[["SamplingWorkerContext"], None]
+
+
+class SerializedSendChannel(ChannelBase):
+    """A channel whose ``send()`` holds a lock shared by every sampling worker of a producer.
+
+    Why: GLT 0.2.4's ``ShmChannel`` is not safe for concurrent writers. A writer claims a
+    block id, waits for ring space, then takes the ring slot's write semaphore; that
+    semaphore belongs to the slot, not to the block id, so a writer one lap ahead can take
+    it first. The consumer then reads the wrong block, the block it waited for can never be
+    released, and the consumer and every writer wait in ``sem_wait`` forever, all alive.
+    With a capacity of 2 and two writers this stalls almost every run (see
+    ``docs/benchmarks-glt.md``). One writer at a time cannot overtake itself. The lock is
+    held for the copy into shared memory only; sampling still runs in parallel.
+
+    Everything except ``send`` is forwarded to the wrapped channel.
+    """
+
+    def __init__(self, channel: Any, lock: Any) -> None:
+        self.channel = channel
+        self.lock = lock
+
+    def send(self, msg: Any, **kwargs: Any) -> None:
+        with self.lock:
+            self.channel.send(msg, **kwargs)
+
+    def recv(self, **kwargs: Any) -> Any:
+        return self.channel.recv(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            channel = self.__dict__["channel"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(channel, name)
 """A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
@@ -95,7 +131,9 @@ class SamplingWorkerContext:
     ``rpc_init_timeout`` is the bring-up RPC timeout used by ``init_rpc`` (and the gloo
     group); ``steady_state_rpc_timeout`` is what :func:`pass_init_barrier` narrows to.
     ``sampler_factory`` builds the sampler; ``extra`` carries whatever a custom worker loop
-    needs (it must pickle).
+    needs (it must pickle). ``send_lock`` (a lock from the producer's multiprocessing
+    context, ``None`` with one worker) serialises the workers' sends: see
+    :class:`SerializedSendChannel`.
     """
 
     rank: int
@@ -113,6 +151,7 @@ class SamplingWorkerContext:
     steady_state_rpc_timeout: float
     error_dir: str | None = None
     extra: dict[str, Any] = attrs.field(factory=dict)
+    send_lock: Any = None
 
 
 def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
@@ -157,16 +196,23 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
 
 
 def start_sampler(ctx: SamplingWorkerContext) -> Any:
-    """Seed like stock GLT, build the sampler with the context's factory, start its loop."""
+    """Seed like stock GLT, build the sampler with the context's factory, start its loop.
+
+    The factory gets the channel wrapped in :class:`SerializedSendChannel` when the context
+    has a ``send_lock`` (more than one worker).
+    """
     from graphlearn_torch.utils import seed_everything
 
     if ctx.sampling_config.seed is not None:
         seed_everything(ctx.sampling_config.seed)
+    channel = ctx.channel
+    if ctx.send_lock is not None:
+        channel = SerializedSendChannel(channel, ctx.send_lock)
     sampler = ctx.sampler_factory(
         data=ctx.data,
         sampling_config=ctx.sampling_config,
         worker_options=ctx.worker_options,
-        channel=ctx.channel,
+        channel=channel,
         current_device=ctx.worker_options.worker_devices[ctx.rank],
     )
     sampler.start_loop()
