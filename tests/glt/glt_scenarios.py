@@ -232,6 +232,61 @@ def scenario_hk_epoch_sigkill(pre_kill_sleep: float = 0.5, hold: float = 0) -> N
     _result(outcome="finished", batches=n)
 
 
+def _shm_perms(shmid: int) -> str | None:
+    with open("/proc/sysvipc/shm") as f:
+        header = f.readline().split()
+        for line in f:
+            row = dict(zip(header, line.split(), strict=False))
+            if int(row["shmid"]) == shmid:
+                return row["perms"]
+    return None
+
+
+def scenario_hk_stuck_slot(wait_before_kill: float = 1.5) -> None:
+    """healthkit_glt: force the receive thread onto a ring slot a dead worker claimed.
+
+    The consumer keeps two batches (a capacity-2 ring's every slot), so the next writer
+    claims a block and waits for slot space; ``next()`` then makes the receive thread claim
+    that block and wait in C++ for it to be written. Both workers are SIGKILLed there: the
+    loader must still raise, say that the thread stays blocked, and mark the segment for
+    removal (the thread keeps it attached, so GLT's destructor never removes it).
+    """
+    import healthkit_glt as hg
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    h.init_single_process_context()
+    loader = _hk_loader(h.build_dataset())
+    producer = loader.producer
+    shmid = producer._channel_shmid()
+    workers = producer.workers
+    it = iter(loader)
+    held = [next(it), next(it)]
+    killed: list[float] = []
+
+    def killer() -> None:
+        time.sleep(wait_before_kill)
+        for w in workers:
+            os.kill(w.pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+        _say(f"SIGKILLed both sampling workers {[w.pid for w in workers]}")
+
+    threading.Thread(target=killer, name="scenario-killer", daemon=True).start()
+    try:
+        next(it)
+    except hg.SamplingWorkerDiedError as e:
+        now = time.monotonic()
+        stuck = any(t.name == "healthkit-glt receiver" and t.is_alive()
+                    for t in threading.enumerate())  # fmt: skip
+        _result(outcome="raised", after_kill_s=now - killed[0], rank=e.rank,
+                signal=e.diagnosis.signal.name if e.diagnosis.signal else None,
+                receiver_thread_stuck=stuck, shmid=shmid, shm_perms=_shm_perms(shmid),
+                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+    else:
+        _result(outcome="returned")
+    del held
+    loader.shutdown()
+
+
 def scenario_hk_exit_without_shutdown(epochs: int = 2) -> None:
     """healthkit_glt, nothing fails: a script runs epochs and just ends (no shutdown())."""
     h.init_single_process_context()
@@ -295,6 +350,7 @@ SCENARIOS = {
     "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
         *(int(x) for x in a)
     ),
+    "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a)),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

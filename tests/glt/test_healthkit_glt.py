@@ -442,3 +442,19 @@ def test_the_send_lock_wraps_send_only_and_forwards_everything_else(glt_context:
         channel.no_such_method  # noqa: B018
     del channel, inner
     gc.collect()
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_receive_thread_stuck_on_a_dead_workers_slot_still_fails_and_frees_the_segment() -> None:
+    run = sc.run_scenario("hk-stuck-slot", ["1.5"], timeout=120)
+    assert run.returncode == 0, f"{run.stacks}\n{run.output}"
+    r = run.result
+    assert r["outcome"] == "raised" and r["type"] == "SamplingWorkerDiedError", run.output
+    assert r["signal"] == "SIGKILL" and r["after_kill_s"] < 10.0
+    # The case this path exists for: the thread is still in the C++ wait, for good.
+    assert r["receiver_thread_stuck"] is True
+    assert "stays blocked on a ring slot" in run.output
+    assert f"channel segment {r['shmid']} marked for removal at exit" in run.output
+    assert int(r["shm_perms"], 8) & 0o1000  # SHM_DEST: gone when the process exits
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
