@@ -98,7 +98,7 @@ def throughput(epochs: int, seed_repeats: int, train: bool = False) -> dict[str,
     seeds = torch.arange(h.NUM_NODES).repeat(seed_repeats)
     # One epoch's batches fit in the channel: stock GLT's concurrent-writer stall cannot
     # happen then (see STOCK_SAFE_CHANNEL_CAPACITY); both loaders get the same options.
-    capacity = -(-len(seeds) // h.BATCH_SIZE)
+    capacity = h.one_epoch_capacity(len(seeds))
 
     def build(cls: Any) -> tuple[Any, float]:
         from graphlearn_torch.distributed import DistNeighborLoader

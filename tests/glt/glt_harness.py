@@ -45,13 +45,19 @@ NUM_NEIGHBORS = (5, 5)
 GRAPH_SEED = 0
 LOADER_SEED = 42
 GROUP_NAME = "healthkit-glt-test"
-BATCHES_PER_EPOCH = -(-NUM_NODES // BATCH_SIZE)
+
+
+def one_epoch_capacity(num_seeds: int, batch_size: int = BATCH_SIZE) -> int:
+    """A channel capacity of one epoch's batches (see ``STOCK_SAFE_CHANNEL_CAPACITY``)."""
+    return -(-num_seeds // batch_size)
+
+
 # Stock GLT's ShmChannel can stall for good with two concurrent writers: a writer one ring
 # lap ahead takes the slot of a block not yet written (healthkit_glt serialises its
 # workers' sends; see SerializedSendChannel). A lap needs ``channel_capacity`` blocks in
 # flight, and a loader never has more than one epoch's batches in flight, so a capacity of
 # at least the batches per epoch rules the race out for the stock reference runs.
-STOCK_SAFE_CHANNEL_CAPACITY = BATCHES_PER_EPOCH
+STOCK_SAFE_CHANNEL_CAPACITY = one_epoch_capacity(NUM_NODES)
 
 
 def set_spawn() -> None:
@@ -254,7 +260,8 @@ def run_epochs(
     loader = build_loader(
         dataset,
         make_worker_options(
-            num_workers=num_workers, channel_capacity=-(-dataset.node_labels.numel() // batch_size)
+            num_workers=num_workers,
+            channel_capacity=one_epoch_capacity(dataset.node_labels.numel(), batch_size),
         ),
         batch_size=batch_size,
         seed=seed,
@@ -392,21 +399,22 @@ def remove_orphan_sysv_shm(creator_pids: Sequence[int]) -> list[int]:
 
     libc = ctypes.CDLL(None, use_errno=True)
     removed = []
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        for line in f:
-            row = dict(zip(header, line.split(), strict=False))
-            if int(row["cpid"]) in creator_pids and int(row["nattch"]) == 0:
-                if libc.shmctl(int(row["shmid"]), 0, None) == 0:  # 0 == IPC_RMID
-                    removed.append(int(row["shmid"]))
+    for row in sysv_shm_rows():
+        if int(row["cpid"]) in creator_pids and int(row["nattch"]) == 0:
+            if libc.shmctl(int(row["shmid"]), 0, None) == 0:  # 0 == IPC_RMID
+                removed.append(int(row["shmid"]))
     return removed
 
 
-def _sysv_shm_created_by(creator_pids: Sequence[int]) -> list[int]:
+def sysv_shm_rows() -> list[dict[str, str]]:
+    """Every SysV shared-memory segment, as ``/proc/sysvipc/shm`` lists it (column: value)."""
     with open("/proc/sysvipc/shm") as f:
         header = f.readline().split()
-        rows = [dict(zip(header, line.split(), strict=False)) for line in f]
-    return [int(r["shmid"]) for r in rows if int(r["cpid"]) in creator_pids]
+        return [dict(zip(header, line.split(), strict=False)) for line in f]
+
+
+def _sysv_shm_created_by(creator_pids: Sequence[int]) -> list[int]:
+    return [int(r["shmid"]) for r in sysv_shm_rows() if int(r["cpid"]) in creator_pids]
 
 
 def run_scenario(

@@ -233,13 +233,7 @@ def scenario_hk_epoch_sigkill(pre_kill_sleep: float = 0.5, hold: float = 0) -> N
 
 
 def _shm_perms(shmid: int) -> str | None:
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        for line in f:
-            row = dict(zip(header, line.split(), strict=False))
-            if int(row["shmid"]) == shmid:
-                return row["perms"]
-    return None
+    return next((r["perms"] for r in h.sysv_shm_rows() if int(r["shmid"]) == shmid), None)
 
 
 def scenario_hk_stuck_slot(wait_before_kill: float = 1.5) -> None:

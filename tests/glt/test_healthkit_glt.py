@@ -98,10 +98,7 @@ def guard() -> Iterator[None]:
 
 
 def _segments_of(pid: int) -> set[int]:
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        rows = [dict(zip(header, line.split(), strict=False)) for line in f]
-    return {int(r["shmid"]) for r in rows if int(r["cpid"]) == pid}
+    return set(h._sysv_shm_created_by([pid]))
 
 
 def _no_tracebacks(output: str) -> list[str]:

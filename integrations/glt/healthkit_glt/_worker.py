@@ -26,8 +26,8 @@ from healthkit import BarrierBrokenError, BoundedBarrier
 
 __all__ = [
     "SamplerFactory",
-    "SerializedSendChannel",
     "SamplingWorkerContext",
+    "SerializedSendChannel",
     "WorkerLoop",
     "create_dist_sampler",
     "default_worker_loop",
@@ -64,6 +64,7 @@ class SamplerFactory(Protocol):
 
 
 WorkerLoop = Callable[["SamplingWorkerContext"], None]
+"""A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
 class SerializedSendChannel(ChannelBase):
@@ -98,7 +99,6 @@ class SerializedSendChannel(ChannelBase):
         except KeyError:
             raise AttributeError(name) from None
         return getattr(channel, name)
-"""A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
 def create_dist_sampler(
