@@ -178,19 +178,22 @@ def scenario_hk_init_hang(rpc_init_timeout: float = 30.0, k: float = 1.0) -> Non
     )
 
 
-def scenario_hk_epoch_sigkill(pre_kill_sleep: float = 0.5, hold: float = 0) -> None:
+def scenario_hk_epoch_sigkill(
+    pre_kill_sleep: float = 0.5, hold: float = 0, receiver: str = "auto"
+) -> None:
     """healthkit_glt: SIGKILL worker 1 after the first batch of an epoch.
 
     ``pre_kill_sleep``: a slow consumer before the kill, so the workers are parked in
     ``ShmChannel.send`` with ring slots claimed (the case ``recv(timeout_ms)`` cannot end).
     ``hold``: keep the first batch (its ring slot) until after the kill, so both workers
     are parked with claimed slots and the dead one's may be next in line.
+    ``receiver``: the producer's receiver mode (``auto``: the ring reader).
     """
     import healthkit_glt as hg
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     h.init_single_process_context()
-    loader = _hk_loader(h.build_dataset())
+    loader = _hk_loader(h.build_dataset(), receiver=receiver)
     workers = loader.producer.workers
     _say(f"loader ready; worker pids {[w.pid for w in workers]}")
     it = iter(loader)
@@ -236,22 +239,25 @@ def _shm_perms(shmid: int) -> str | None:
     return next((r["perms"] for r in h.sysv_shm_rows() if int(r["shmid"]) == shmid), None)
 
 
-def scenario_hk_stuck_slot(wait_before_kill: float = 1.5) -> None:
-    """healthkit_glt: force the receive thread onto a ring slot a dead worker claimed.
+def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto") -> None:
+    """healthkit_glt: make the next ring block one that a dead worker claimed.
 
     The consumer keeps two batches (a capacity-2 ring's every slot), so the next writer
-    claims a block and waits for slot space; ``next()`` then makes the receive thread claim
-    that block and wait in C++ for it to be written. Both workers are SIGKILLed there: the
-    loader must still raise, say that the thread stays blocked, and mark the segment for
-    removal (the thread keeps it attached, so GLT's destructor never removes it).
+    claims a block and waits for slot space; ``next()`` then waits for that block. Both
+    workers are SIGKILLed there: the loader must still raise. With ``receiver="thread"``
+    the helper thread is in the C++ wait on that block for good: the producer must say so
+    and mark the segment for removal (the thread keeps it attached, so GLT's destructor
+    never removes it). The ring reader never enters that wait: no thread, nothing stuck.
     """
     import healthkit_glt as hg
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     h.init_single_process_context()
-    loader = _hk_loader(h.build_dataset())
+    from healthkit_glt._receive import channel_shmid
+
+    loader = _hk_loader(h.build_dataset(), receiver=receiver)
     producer = loader.producer
-    shmid = producer._channel_shmid()
+    shmid = channel_shmid(producer.output_channel)
     workers = producer.workers
     it = iter(loader)
     held = [next(it), next(it)]
@@ -274,6 +280,8 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5) -> None:
         _result(outcome="raised", after_kill_s=now - killed[0], rank=e.rank,
                 signal=e.diagnosis.signal.name if e.diagnosis.signal else None,
                 receiver_thread_stuck=stuck, shmid=shmid, shm_perms=_shm_perms(shmid),
+                # A claimed block that no receive has taken: the ring reader's case.
+                claimed_block_left=not producer.output_channel.empty(),
                 children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
     else:
         _result(outcome="returned")
@@ -340,11 +348,13 @@ SCENARIOS = {
     "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
     "hk-init-raise": lambda a: scenario_hk_init_raise(),
     "hk-init-hang": lambda a: scenario_hk_init_hang(*(float(x) for x in a)),
-    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(*(float(x) for x in a)),
+    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(
+        *(float(x) for x in a[:2]), *a[2:]
+    ),
     "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
         *(int(x) for x in a)
     ),
-    "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a)),
+    "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

@@ -101,6 +101,10 @@ def _segments_of(pid: int) -> set[int]:
     return set(h._sysv_shm_created_by([pid]))
 
 
+def _receiver_threads() -> int:
+    return sum(t.name == "healthkit-glt receiver" for t in threading.enumerate())
+
+
 def _no_tracebacks(output: str) -> list[str]:
     bad = ("Traceback", "Exception ignored", "Error", "error")
     return [line for line in output.splitlines() if any(b in line for b in bad)]
@@ -196,6 +200,11 @@ def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: 
     producer.shutdown()
     with pytest.raises(RuntimeError, match="not running"):
         producer.recv()
+    with pytest.raises(ValueError, match=r"receiver must be one of \('auto', 'ring', 'thread'\)"):
+        hg.DistSamplingProducer(
+            dataset, NodeSamplerInput(node=torch.arange(10)), config, h.make_worker_options(),
+            channel, receiver="fast",
+        )  # fmt: skip
     del producer, channel
     gc.collect()
     assert _segments_of(os.getpid()) == before
@@ -218,6 +227,137 @@ def test_teardown_joins_a_worker_already_reaped_so_no_fd_outlives_the_producer()
     assert _join_all([worker], 5.0) == []
     assert worker not in multiprocessing.process._children
     del worker  # its fds close now; the leak check verifies it
+
+
+# --- the receivers, on a real ring and a real writer process (no sampler) ------------------
+
+
+def _spawn_writer(channel: object, messages: int) -> object:
+    import multiprocessing as mp
+
+    writer = mp.get_context("spawn").Process(
+        target=sc._channel_writer, args=(channel, messages, 0, None), daemon=True
+    )
+    writer.start()
+    return writer
+
+
+@pytest.mark.timeout(120)
+def test_ring_receiver_reports_a_writer_killed_on_a_claimed_block_and_never_enters_the_wait(
+    glt_context: None,
+) -> None:
+    """The case stock recv() waits on forever: the next block is claimed, never written."""
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import RingReceiver, open_receiver
+
+    before = _segments_of(os.getpid())
+    channel = ShmChannel(1, "1MB")
+    writer = _spawn_writer(channel, 2)
+    receiver = open_receiver(channel, [writer])  # type: ignore[list-item]
+    assert isinstance(receiver, RingReceiver)
+    try:
+        first, ended = receiver.receive()
+        assert ended == [] and int(first["i"][0]) == 0
+        # Holding block 0 keeps its slot: message 1's block is claimed, not written.
+        deadline = time.monotonic() + 60
+        while channel.empty():
+            assert time.monotonic() < deadline, "the writer never claimed block 1"
+            time.sleep(0.01)
+        os.kill(writer.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        t = time.monotonic()
+        msg, ended = receiver.receive()
+        waited = time.monotonic() - t
+        assert msg is None and [receiver.ranks[id(w)] for w in ended] == [0]
+        assert ended[0].poll().returncode == -signal.SIGKILL
+        assert waited < 5.0
+        assert not channel.empty()  # the claimed block is still there, unwritten
+    finally:
+        receiver.stop()
+        assert receiver.close(join_timeout=1.0)
+        writer.join(10)  # type: ignore[attr-defined]
+        writer.close()  # type: ignore[attr-defined]
+    del first, ended, receiver, writer, channel
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(120)
+def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
+    glt_context: None,
+) -> None:
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    before = _segments_of(os.getpid())
+    channel = ShmChannel(2, "1MB")
+    writer = _spawn_writer(channel, 50)
+    receiver = open_receiver(channel, [writer], mode="ring")  # type: ignore[list-item]
+    try:
+        got = []
+        for _ in range(50):
+            msg, ended = receiver.receive()
+            assert ended == []
+            got.append(int(msg["i"][0]))
+            del msg
+        assert got == list(range(50))
+        msg, ended = receiver.receive()  # nothing more comes: the writer's exit is reported
+        assert msg is None and ended[0].poll().returncode == 0
+    finally:
+        receiver.stop()
+        assert receiver.close(join_timeout=1.0)
+        writer.join(10)  # type: ignore[attr-defined]
+        writer.close()  # type: ignore[attr-defined]
+    del ended, receiver, writer, channel
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
+    glt_context: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GLT build with another ring layout (cannot happen with the pinned 0.2.4, so the
+    header a real ShmChannel wrote is altered here) must never be read as 0.2.4's."""
+    import ctypes
+    import multiprocessing as mp
+
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import RingReceiver, ThreadReceiver, channel_shmid, open_receiver
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    libc.shmdt.argtypes = [ctypes.c_void_p]
+    channel = ShmChannel(2, "1MB")
+    shmid = channel_shmid(channel)
+    assert shmid is not None
+    addr = libc.shmat(shmid, None, 0)
+    header = (ctypes.c_size_t * 4).from_address(addr)
+    data_offset = header[3]
+    header[3] = data_offset + 16  # a block table of another size
+    try:
+        with pytest.raises(hg.RingLayoutError, match=r"not graphlearn-torch 0\.2\.4's layout"):
+            open_receiver(channel, [], mode="ring")
+        with caplog.at_level("WARNING", logger="healthkit_glt"):
+            fallback = open_receiver(channel, [])
+        assert isinstance(fallback, ThreadReceiver)
+        assert "receiving through a helper thread instead" in caplog.text
+        fallback.stop()
+        assert fallback.close(join_timeout=5.0)
+    finally:
+        header[3] = data_offset
+        del header
+        libc.shmdt(addr)
+    ring = open_receiver(channel, [], mode="ring")
+    assert isinstance(ring, RingReceiver)
+    ring.close(join_timeout=1.0)
+    wrapped = hg.SerializedSendChannel(channel, mp.get_context("spawn").Lock())
+    with pytest.raises(hg.RingLayoutError, match="SerializedSendChannel is not a GLT ShmChannel"):
+        open_receiver(wrapped, [], mode="ring")
+    with pytest.raises(ValueError, match="receiver must be one of"):
+        open_receiver(channel, [], mode="fast")  # type: ignore[arg-type]
+    del wrapped, channel
+    gc.collect()
 
 
 # --- non-firing twins, in this process ----------------------------------------------------
@@ -249,9 +389,23 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
         mp.set_start_method(start_method, force=True)
     del stock
 
+    # The helper-thread receiver (the fallback for channels the ring reader cannot read)
+    # must give the same batches too.
+    fallback = h.build_loader(
+        dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader, receiver="thread"
+    )
+    try:
+        fallback_sums = [h.consume_epoch(fallback).checksum for _ in range(epochs)]
+        assert _receiver_threads() == 1
+    finally:
+        fallback.shutdown()
+    assert _receiver_threads() == 0
+    del fallback
+
     loader = h.build_loader(dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader)
     try:
         runs = [h.consume_epoch(loader) for _ in range(epochs)]
+        assert _receiver_threads() == 0  # the ring reader receives on the caller's thread
     finally:
         t = time.monotonic()
         loader.shutdown()
@@ -261,7 +415,7 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     again_s = time.monotonic() - t
     producer = loader.producer
     workers = producer.workers
-    assert [r.checksum for r in runs] == stock_sums
+    assert [r.checksum for r in runs] == stock_sums == fallback_sums
     assert len(set(stock_sums)) == epochs  # reshuffled every epoch, reproducibly
     assert all(r.seeds == list(range(h.NUM_NODES)) for r in runs)
     assert all(len(r.digests) == -(-h.NUM_NODES // h.BATCH_SIZE) for r in runs)
@@ -442,16 +596,26 @@ def test_the_send_lock_wraps_send_only_and_forwards_everything_else(glt_context:
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
-def test_receive_thread_stuck_on_a_dead_workers_slot_still_fails_and_frees_the_segment() -> None:
-    run = sc.run_scenario("hk-stuck-slot", ["1.5"], timeout=120)
+@pytest.mark.parametrize("receiver", ["auto", "thread"], ids=["ring-reader", "helper-thread"])
+def test_next_block_claimed_by_a_dead_worker_fails_the_loader_and_frees_the_segment(
+    receiver: str,
+) -> None:
+    run = sc.run_scenario("hk-stuck-slot", ["1.5", receiver], timeout=120)
     assert run.returncode == 0, f"{run.stacks}\n{run.output}"
     r = run.result
     assert r["outcome"] == "raised" and r["type"] == "SamplingWorkerDiedError", run.output
     assert r["signal"] == "SIGKILL" and r["after_kill_s"] < 10.0
-    # The case this path exists for: the thread is still in the C++ wait, for good.
-    assert r["receiver_thread_stuck"] is True
-    assert "stays blocked on a ring slot" in run.output
-    assert f"channel segment {r['shmid']} marked for removal at exit" in run.output
-    assert int(r["shm_perms"], 8) & 0o1000  # SHM_DEST: gone when the process exits
+    if receiver == "auto":
+        # The ring reader waited beside the claimed block, never in it: nothing is stuck,
+        # and GLT's own destructor removes the segment (the leak check below).
+        assert r["claimed_block_left"] is True
+        assert r["receiver_thread_stuck"] is False
+        assert "stays blocked" not in run.output
+    else:
+        # The helper thread took the block and is in the C++ wait on it, for good.
+        assert r["receiver_thread_stuck"] is True
+        assert "stays blocked on a ring slot" in run.output
+        assert f"channel segment {r['shmid']} marked for removal at exit" in run.output
+        assert int(r["shm_perms"], 8) & 0o1000  # SHM_DEST: gone when the process exits
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []

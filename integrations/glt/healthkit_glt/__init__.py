@@ -15,6 +15,7 @@ from healthkit_glt._config import (
 )
 from healthkit_glt._loader import DistNeighborLoader
 from healthkit_glt._producer import DistSamplingProducer, SamplingWorkerDiedError
+from healthkit_glt._receive import RingLayoutError
 from healthkit_glt._worker import (
     SamplerFactory,
     SamplingWorkerContext,
@@ -41,6 +42,7 @@ __all__ = [
     "BarrierTimeoutError",
     "DistNeighborLoader",
     "DistSamplingProducer",
+    "RingLayoutError",
     "SamplerFactory",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",

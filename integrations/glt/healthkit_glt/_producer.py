@@ -8,44 +8,34 @@ Three places where stock GLT 0.2.4 waits forever, and what this producer does in
   bound when a worker is merely stuck (with its stack), then tears the workers down.
 - the epoch: ``ShmChannel.recv()`` with no bound; a worker that dies mid-epoch leaves the
   consumer there forever, and ``recv(timeout_ms)`` does not help when the dead worker had
-  already claimed a ring slot (an unbounded ``sem_wait`` in C++ that no signal can end).
-  Here :meth:`DistSamplingProducer.recv` runs the C++ receive in a helper thread and waits on
-  that thread's hand-off *and* every worker's exit fd (pidfd) at once, so a death ends the
-  wait within milliseconds and raises :class:`SamplingWorkerDiedError` with a diagnosis.
+  already claimed a ring block (an unbounded ``sem_wait`` in C++ that no signal can end).
+  Here :meth:`DistSamplingProducer.recv` calls the C++ receive only once the next block is
+  written, and otherwise waits on every worker's exit fd (pidfd), so a death ends the wait
+  within milliseconds and raises :class:`SamplingWorkerDiedError` with a diagnosis
+  (:mod:`healthkit_glt._receive` has how, and the fallback for other channels).
 - ``shutdown()``: sequential 5 s joins per worker, a ``terminate()`` without a join (zombies,
   exit code ``None``), and a flag set only after the work. Here it is idempotent (flag
   first), bounded (STOP, a joint join, terminate, kill), and stops watching before it tears
   down, so workers that exit 0 on our SIGTERM (torch's handlers) are never reported.
-
-The trade-off of the receive thread: when a worker died holding a claimed ring slot, the
-helper thread stays blocked in C++ for the life of the process (it cannot be interrupted).
-The producer is then unusable (it is torn down at once), the thread is a daemon that blocks
-nothing else, and the channel's SysV segment, which that thread keeps attached, is marked
-for removal so it goes away when the process exits instead of leaking.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import queue
-import select
 import shutil
 import tempfile
-import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from graphlearn_torch.channel import ChannelBase, QueueTimeoutError
+from graphlearn_torch.channel import ChannelBase
 from graphlearn_torch.distributed import DistMpSamplingProducer
 from graphlearn_torch.distributed.dist_sampling_producer import MpCommand
 from graphlearn_torch.utils import seed_everything
@@ -64,6 +54,7 @@ from healthkit_glt._config import (
     TimeoutPlan,
     resolve_timeouts,
 )
+from healthkit_glt._receive import RECEIVER_MODES, Receiver, ReceiverMode, open_receiver
 from healthkit_glt._worker import (
     SamplerFactory,
     SamplingWorkerContext,
@@ -77,8 +68,6 @@ from healthkit_glt._worker import (
 __all__ = ["DistSamplingProducer", "SamplingWorkerDiedError"]
 
 logger = logging.getLogger("healthkit_glt")
-
-_IPC_RMID = 0
 
 
 class SamplingWorkerDiedError(ProcessDiedError):
@@ -94,118 +83,6 @@ class SamplingWorkerDiedError(ProcessDiedError):
         super().__init__(message, diagnosis)
         self.rank = rank
         self.diagnoses = diagnoses
-
-
-class _Receiver:
-    """Receives from the channel in a helper thread; the consumer waits on the hand-off and
-    the workers' exit fds at once (see the module docstring for why and for the trade-off).
-
-    One request at a time, like the stock loader: the thread does not prefetch, so the
-    number of ring slots a consumer holds is the same as with stock GLT.
-
-    The wait is a bare ``poll()`` on a fixed set of fds (a hand-off pipe plus each
-    worker's pidfd from :class:`healthkit.ProcessWatch`), not :class:`healthkit.WatchSet`:
-    this runs once per batch, the fd set never changes, and WatchSet's thread-safe
-    add/remove/close bookkeeping measured as a large part of the per-batch cost here.
-    """
-
-    def __init__(
-        self,
-        channel: ChannelBase,
-        workers: Sequence[BaseProcess],
-        poll_ms: int,
-    ) -> None:
-        self._channel = channel
-        self._poll_ms = poll_ms
-        self.watches = [
-            ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)
-        ]
-        self.ranks = {id(w): rank for rank, w in enumerate(self.watches)}
-        self._ready_r, self._ready_w = os.pipe()
-        self._poller = select.poll()
-        self._poller.register(self._ready_r, select.POLLIN)
-        self._by_fd: dict[int, ProcessWatch] = {}
-        for w in self.watches:
-            self._poller.register(w.fileno(), select.POLLIN)
-            self._by_fd[w.fileno()] = w
-        self._requests = threading.Semaphore(0)
-        self._results: deque[tuple[bool, Any]] = deque()
-        self._pending = False
-        self._stopping = False
-        self._fds_closed = False
-        self.thread = threading.Thread(
-            target=self._run, name="healthkit-glt receiver", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        channel, results, ready_w = self._channel, self._results, self._ready_w
-        while True:
-            self._requests.acquire()
-            if self._stopping:
-                return
-            while True:
-                try:
-                    # Bounded, so a stop request is seen while the queue is empty. It cannot
-                    # bound the wait on a slot a dead writer claimed (see module docstring).
-                    item: tuple[bool, Any] = (True, channel.recv(timeout_ms=self._poll_ms))
-                    break
-                except QueueTimeoutError:
-                    if self._stopping:
-                        return
-                except BaseException as e:
-                    item = (False, e)
-                    break
-            results.append(item)
-            del item
-            if self._stopping:
-                return
-            try:
-                os.write(ready_w, b"x")
-            except OSError:
-                return  # closed by close(): the producer is gone
-
-    def receive(self) -> tuple[Any, list[ProcessWatch]]:
-        """``(message, [])`` or ``(None, ended watches)``; raises what ``recv`` raised."""
-        if not self._pending:
-            self._pending = True
-            self._requests.release()
-        while True:
-            if self._results:
-                ok, value = self._results.popleft()
-                self._pending = False
-                if not ok:
-                    raise value
-                return value, []
-            ended = []
-            for fd, _ in self._poller.poll():
-                if fd == self._ready_r:
-                    os.read(self._ready_r, 64)
-                    continue
-                watch = self._by_fd[fd]
-                if watch.poll() is not None:
-                    ended.append(watch)
-            if ended:
-                return None, ended
-
-    def stop(self) -> None:
-        """Stop reporting (before the teardown); the thread ends when it can."""
-        self._stopping = True
-        self._requests.release()
-
-    def close(self, join_timeout: float) -> bool:
-        """Close the fds; True if the thread ended, False if it is stuck in C++."""
-        self.thread.join(join_timeout)
-        ended = not self.thread.is_alive()
-        for w in self.watches:
-            w.close()
-        os.close(self._ready_r)
-        if ended:
-            os.close(self._ready_w)
-        # else: the stuck thread keeps the write end; it is never written (the thread
-        # cannot return from the C++ wait) and the kernel closes it at exit.
-        self._results.clear()
-        return ended
 
 
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
@@ -262,8 +139,14 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       (default 3, as GiGL).
     - ``stop_timeout`` / ``kill_timeout``: shutdown's bounds: STOP then wait up to
       ``stop_timeout``; then SIGTERM and wait up to ``kill_timeout``; then SIGKILL.
-    - ``recv_poll_ms``: how often the receive thread checks for a stop while the channel is
-      empty (not a failure timeout: a slow epoch is never failed for being slow).
+    - ``receiver``: how ``recv()`` waits (see :mod:`healthkit_glt._receive`): ``"auto"``
+      (default) reads GLT's ShmChannel ring directly and falls back, with a warning, to a
+      helper thread for other channels; ``"ring"`` requires the ring (raises
+      :class:`healthkit_glt.RingLayoutError` at ``init()`` otherwise); ``"thread"`` always
+      uses the thread.
+    - ``recv_poll_ms``: how often the helper thread (``receiver="thread"`` or the fallback)
+      checks for a stop while the channel is empty (not a failure timeout: a slow epoch is
+      never failed for being slow).
     - ``worker_extra``: a picklable dict handed to custom worker loops as ``ctx.extra``.
     - ``strict_env``: reject bad env values (:class:`healthkit.InvalidEnvValueError`)
       instead of warning and using the default.
@@ -285,6 +168,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         stop_timeout: float = 10.0,
         kill_timeout: float = 5.0,
         init_failure_grace: float = 2.0,
+        receiver: ReceiverMode = "auto",
         recv_poll_ms: int = 500,
         worker_extra: dict[str, Any] | None = None,
         strict_env: bool = False,
@@ -294,7 +178,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._shutdown = False
         self._workers: list[BaseProcess] = []
         self._task_queues: list[Any] = []
-        self._receiver: _Receiver | None = None
+        self._receiver: Receiver | None = None
         self._init_barrier: BoundedBarrier | None = None
         self._error_dir: str | None = None
         self._failure: SamplingWorkerDiedError | None = None
@@ -316,6 +200,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self.stop_timeout = float(stop_timeout)
         self.kill_timeout = float(kill_timeout)
         self.init_failure_grace = float(init_failure_grace)
+        if receiver not in RECEIVER_MODES:
+            raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {receiver!r}")
+        self.receiver: ReceiverMode = receiver
         self.recv_poll_ms = int(recv_poll_ms)
         self.worker_extra = dict(worker_extra or {})
 
@@ -337,7 +224,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         except BaseException:
             self.shutdown()
             raise
-        self._receiver = _Receiver(self.output_channel, self._workers, self.recv_poll_ms)
+        self._receiver = open_receiver(
+            self.output_channel, self._workers, mode=self.receiver, poll_ms=self.recv_poll_ms
+        )
         _live_producers.add(self)
         _register_atexit_once()
 
@@ -534,35 +423,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                     q.cancel_join_thread()
                     q.close()
             if receiver is not None:
-                self._release_receiver(receiver)
+                receiver.close(join_timeout=2 * self.recv_poll_ms / 1000 + 1.0)
             if cleanup:
                 self._cleanup_files()
-
-    def _release_receiver(self, receiver: _Receiver) -> None:
-        if receiver.close(join_timeout=2 * receiver._poll_ms / 1000 + 1.0):
-            return
-        # Stuck on a ring slot a dead worker claimed: the thread keeps the channel attached
-        # (and alive) for the life of the process, so its destructor, the only place that
-        # removes the SysV segment, will never run. Mark the segment for removal now; the
-        # kernel frees it when the last attachment goes (at our exit).
-        shmid = self._channel_shmid()
-        removed = False
-        if shmid is not None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            removed = libc.shmctl(shmid, _IPC_RMID, None) == 0
-        logger.warning(
-            "healthkit-glt receive thread stays blocked on a ring slot a dead worker had "
-            "claimed (it cannot be interrupted); channel segment %s %s",
-            shmid,
-            "marked for removal at exit" if removed else "could not be marked for removal",
-        )
-
-    def _channel_shmid(self) -> int | None:
-        q = getattr(self.output_channel, "_queue", None)
-        try:
-            return int(q.__getstate__()) if q is not None else None
-        except Exception:
-            return None
 
     def _cleanup_files(self) -> None:
         if self._init_barrier is not None:
@@ -584,4 +447,3 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
     def __repr__(self) -> str:
         state = "failed" if self._failure else "shut down" if self._shutdown else "running"
         return f"<DistSamplingProducer {state} workers={[w.pid for w in self._workers]}>"
-

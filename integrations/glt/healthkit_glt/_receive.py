@@ -1,0 +1,365 @@
+"""How the producer receives a batch without ever blocking on a dead sampling worker.
+
+GLT 0.2.4's ``ShmChannel.recv()`` polls (1 ms sleeps) while its ring is empty, then claims
+the next block and waits for it in an unbounded ``sem_wait`` that no signal ends. A writer
+claims its block when it *starts* a send, so a worker killed mid-send, or while it waits
+for ring space, leaves a claimed block that is never written: ``recv()``, with or without
+``timeout_ms``, then waits forever.
+
+Two receivers, one interface (:class:`Receiver`):
+
+- :class:`RingReceiver` (GLT's ``ShmChannel``, the default): reads the ring's header in
+  shared memory, read-only, and calls ``recv()`` only when the next block is already written
+  (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
+  ``poll()`` on the workers' pidfds, 1 ms at a time (GLT's own cadence), so a death ends the
+  wait at once. No thread, no hand-off: the per-batch cost is a few memory reads.
+- :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
+  below): a helper thread does the blocking ``recv()`` and hands the message over through a
+  pipe, and the caller polls that pipe and the pidfds. It costs a thread hand-off per batch,
+  and when a dead worker had claimed a block the thread stays blocked in C++ for good; the
+  channel's segment is then marked for removal so it does not outlive the process.
+
+The ring layout is GLT 0.2.4's ``ShmQueueMeta`` (``graphlearn_torch/include/shm_queue.h``).
+It is never assumed: GLT stores its own offsets in the header (where the block table and the
+data start), and :meth:`RingReceiver.open` checks them, and every semaphore's value, against
+the layout before using it; anything else falls back to :class:`ThreadReceiver`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import threading
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any, Literal, Protocol
+
+from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
+
+from healthkit import ProcessWatch
+
+__all__ = [
+    "RECEIVER_MODES",
+    "Receiver",
+    "ReceiverMode",
+    "RingLayoutError",
+    "RingReceiver",
+    "ThreadReceiver",
+    "channel_shmid",
+    "open_receiver",
+]
+
+logger = logging.getLogger("healthkit_glt")
+
+ReceiverMode = Literal["auto", "ring", "thread"]
+RECEIVER_MODES: tuple[str, ...] = ("auto", "ring", "thread")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.shmat.restype = ctypes.c_void_p
+_libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_libc.shmdt.argtypes = [ctypes.c_void_p]
+_libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+_libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+
+_IPC_RMID = 0
+_SHM_RDONLY = 0o10000
+_SEM_SIZE = 32  # sizeof(sem_t), glibc on 64-bit Linux
+
+# ShmQueueMeta: 8 size_t fields, then alloc_lock_ and release_lock_ (sem_t each).
+_MAX_BLOCK_NUM, _BLOCK_META_OFFSET, _DATA_BUF_OFFSET = 0, 2, 3  # size_t indexes
+_WRITE_BLOCK_ID, _READ_BLOCK_ID = 4 * 8, 5 * 8  # byte offsets
+_HEADER_SIZE = 8 * 8 + 2 * _SEM_SIZE
+# BlockMeta: begin, data, end (size_t), write and read (sem_t), release (bool), padded to 8.
+_WRITE_SEM, _READ_SEM = 3 * 8, 3 * 8 + _SEM_SIZE
+_BLOCK_SIZE = 3 * 8 + 2 * _SEM_SIZE + 8
+
+_RING_WAIT_MS = 1  # GLT's own recv() sleeps 1 ms at a time while its ring is empty
+
+
+class RingLayoutError(RuntimeError):
+    """The channel's shared-memory ring is not GLT 0.2.4's layout (or not a ShmChannel):
+    ``receiver="ring"`` cannot be used with it; use ``"auto"`` or ``"thread"``."""
+
+
+class Receiver(Protocol):
+    """What the producer needs from a receiver."""
+
+    watches: list[ProcessWatch]
+    ranks: dict[int, int]  # id(watch) -> worker rank
+
+    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+        """``(message, [])``, or ``(None, ended watches)`` once a worker has ended."""
+        ...
+
+    def stop(self) -> None:
+        """Stop reporting (the teardown is about to end the workers)."""
+        ...
+
+    def close(self, join_timeout: float) -> bool:
+        """Release fds and memory; False if a receive is stuck in C++ for good."""
+        ...
+
+
+def channel_shmid(channel: ChannelBase) -> int | None:
+    """The SysV shared-memory id of a GLT ``ShmChannel`` (None for other channels)."""
+    q = getattr(channel, "_queue", None)
+    try:
+        return int(q.__getstate__()) if q is not None else None
+    except Exception:
+        return None
+
+
+def _watch_all(workers: Sequence[BaseProcess]) -> tuple[list[ProcessWatch], dict[int, int]]:
+    watches = [ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)]
+    return watches, {id(w): rank for rank, w in enumerate(watches)}
+
+
+def open_receiver(
+    channel: ChannelBase,
+    workers: Sequence[BaseProcess],
+    *,
+    mode: ReceiverMode = "auto",
+    poll_ms: int = 500,
+) -> Receiver:
+    """The receiver for ``channel``: the ring reader when it can be used (``"auto"``)."""
+    if mode not in RECEIVER_MODES:
+        raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
+    if mode != "thread":
+        try:
+            return RingReceiver.open(channel, workers)
+        except RingLayoutError as e:
+            if mode == "ring":
+                raise
+            logger.warning("%s; receiving through a helper thread instead", e)
+    return ThreadReceiver(channel, workers, poll_ms)
+
+
+class RingReceiver:
+    """Receives on the caller's thread, calling ``recv()`` only for a block already written.
+
+    One consumer per ring (GLT's design): nobody else takes a posted read semaphore, so
+    "posted" stays true until our ``recv()`` takes it. The segment is attached read-only: a
+    bug here can misread the ring, never corrupt it.
+    """
+
+    def __init__(
+        self,
+        channel: ChannelBase,
+        workers: Sequence[BaseProcess],
+        addr: int,
+        blocks: int,
+    ) -> None:
+        self._channel = channel
+        self.watches, self.ranks = _watch_all(workers)
+        self._poller = select.poll()
+        self._by_fd: dict[int, ProcessWatch] = {}
+        for w in self.watches:
+            self._poller.register(w.fileno(), select.POLLIN)
+            self._by_fd[w.fileno()] = w
+        self._poll = self._poller.poll
+        self._addr: int | None = addr
+        self._blocks = blocks
+        self._write_id = ctypes.c_size_t.from_address(addr + _WRITE_BLOCK_ID)
+        self._read_id = ctypes.c_size_t.from_address(addr + _READ_BLOCK_ID)
+        self._read_sems = [addr + _HEADER_SIZE + _BLOCK_SIZE * i + _READ_SEM for i in range(blocks)]
+        self._value = ctypes.c_int()
+        self._value_ref = ctypes.byref(self._value)
+        # Held while the segment is read or the fds are polled, so close() from another
+        # thread (an atexit shutdown) never unmaps or closes them under a receive.
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, channel: ChannelBase, workers: Sequence[BaseProcess]) -> RingReceiver:
+        """Attach ``channel``'s ring read-only and check its layout; RingLayoutError if not."""
+        shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
+        if shmid is None:
+            raise RingLayoutError(f"{type(channel).__name__} is not a GLT ShmChannel")
+        addr = _libc.shmat(shmid, None, _SHM_RDONLY)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise RingLayoutError(f"cannot attach channel segment {shmid}: {os.strerror(err)}")
+        try:
+            blocks = _check_layout(addr)
+        except RingLayoutError:
+            _libc.shmdt(addr)
+            raise
+        return cls(channel, workers, addr, blocks)
+
+    def _sem_value(self, addr: int) -> int:
+        _libc.sem_getvalue(addr, self._value_ref)
+        return self._value.value
+
+    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+        # Runs once per 1 ms wake while the consumer waits: kept to a few bytecodes, as
+        # each wake runs on cold caches and a heavier loop measurably costs CPU.
+        lock, read_id, write_id, poll = self._lock, self._read_id, self._write_id, self._poll
+        while True:
+            lock.acquire()
+            try:
+                if self._closed:
+                    raise RuntimeError("the sampling producer was shut down during a receive")
+                r = read_id.value
+                if r < write_id.value and self._sem_value(self._read_sems[r % self._blocks]):
+                    return self._channel.recv(), []
+                events = poll(_RING_WAIT_MS)
+            finally:
+                lock.release()
+            if events:
+                ended = [w for fd, _ in events if (w := self._by_fd[fd]).poll() is not None]
+                if ended:
+                    return None, ended
+
+    def stop(self) -> None:
+        pass  # nothing runs between receives
+
+    def close(self, join_timeout: float) -> bool:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for w in self.watches:
+                    w.close()
+                if self._addr is not None:
+                    _libc.shmdt(self._addr)
+                    self._addr = None
+        return True
+
+
+def _check_layout(addr: int) -> int:
+    """The number of blocks of the ring at ``addr``, after checking that its header is GLT
+    0.2.4's layout: the offsets GLT wrote match ours, and every semaphore reads 0 or 1."""
+    head = (ctypes.c_size_t * 4).from_address(addr)
+    blocks = head[_MAX_BLOCK_NUM]
+    expected = (_HEADER_SIZE, _HEADER_SIZE + _BLOCK_SIZE * blocks)
+    found = (head[_BLOCK_META_OFFSET], head[_DATA_BUF_OFFSET])
+    if blocks < 1 or found != expected:
+        raise RingLayoutError(
+            "the channel's ring header is not graphlearn-torch 0.2.4's layout "
+            f"({blocks} blocks, block table and data at {found}, expected {expected})"
+        )
+    value = ctypes.c_int()
+    for i in range(blocks):
+        for sem in (_WRITE_SEM, _READ_SEM):
+            _libc.sem_getvalue(addr + _HEADER_SIZE + _BLOCK_SIZE * i + sem, ctypes.byref(value))
+            if value.value not in (0, 1):
+                raise RingLayoutError(
+                    f"the channel's ring block {i} has a semaphore reading {value.value}; "
+                    "not graphlearn-torch 0.2.4's layout"
+                )
+    return int(blocks)
+
+
+class ThreadReceiver:
+    """Receives in a helper thread; the caller waits on the hand-off and the workers' exit
+    fds at once.
+
+    One request at a time, like the stock loader: the thread does not prefetch, so the
+    number of ring slots a consumer holds is the same as with stock GLT. The wait is a bare
+    ``poll()`` on a fixed fd set (a hand-off pipe plus each worker's pidfd), not
+    :class:`healthkit.WatchSet`: it runs once per batch and the fd set never changes.
+    """
+
+    def __init__(
+        self,
+        channel: ChannelBase,
+        workers: Sequence[BaseProcess],
+        poll_ms: int,
+    ) -> None:
+        self._channel = channel
+        self._poll_ms = poll_ms
+        self.watches, self.ranks = _watch_all(workers)
+        self._ready_r, self._ready_w = os.pipe()
+        self._poller = select.poll()
+        self._poller.register(self._ready_r, select.POLLIN)
+        self._by_fd: dict[int, ProcessWatch] = {}
+        for w in self.watches:
+            self._poller.register(w.fileno(), select.POLLIN)
+            self._by_fd[w.fileno()] = w
+        self._requests = threading.Semaphore(0)
+        self._results: deque[tuple[bool, Any]] = deque()
+        self._pending = False
+        self._stopping = False
+        self.thread = threading.Thread(target=self._run, name="healthkit-glt receiver", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        channel, results, ready_w = self._channel, self._results, self._ready_w
+        while True:
+            self._requests.acquire()
+            if self._stopping:
+                return
+            while True:
+                try:
+                    # Bounded, so a stop request is seen while the queue is empty. It cannot
+                    # bound the wait on a block a dead writer claimed (module docstring).
+                    item: tuple[bool, Any] = (True, channel.recv(timeout_ms=self._poll_ms))
+                    break
+                except QueueTimeoutError:
+                    if self._stopping:
+                        return
+                except BaseException as e:
+                    item = (False, e)
+                    break
+            results.append(item)
+            del item
+            if self._stopping:
+                return
+            try:
+                os.write(ready_w, b"x")
+            except OSError:
+                return  # closed by close(): the producer is gone
+
+    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+        if not self._pending:
+            self._pending = True
+            self._requests.release()
+        while True:
+            if self._results:
+                ok, value = self._results.popleft()
+                self._pending = False
+                if not ok:
+                    raise value
+                return value, []
+            ended = []
+            for fd, _ in self._poller.poll():
+                if fd == self._ready_r:
+                    os.read(self._ready_r, 64)
+                    continue
+                watch = self._by_fd[fd]
+                if watch.poll() is not None:
+                    ended.append(watch)
+            if ended:
+                return None, ended
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._requests.release()
+
+    def close(self, join_timeout: float) -> bool:
+        """Close the fds; True if the thread ended. When it is stuck on a block a dead
+        worker claimed, it keeps the channel attached (and alive) for the life of the
+        process, so GLT's destructor, the only place that removes the SysV segment, never
+        runs: the segment is marked for removal, so the kernel frees it at our exit."""
+        self.thread.join(join_timeout)
+        ended = not self.thread.is_alive()
+        for w in self.watches:
+            w.close()
+        os.close(self._ready_r)
+        self._results.clear()
+        if ended:
+            os.close(self._ready_w)
+            return True
+        # The stuck thread keeps the write end; it never writes again (it cannot return
+        # from the C++ wait) and the kernel closes it at exit.
+        shmid = channel_shmid(self._channel)
+        removed = shmid is not None and _libc.shmctl(shmid, _IPC_RMID, None) == 0
+        logger.warning(
+            "healthkit-glt receive thread stays blocked on a ring slot a dead worker had "
+            "claimed (it cannot be interrupted); channel segment %s %s",
+            shmid,
+            "marked for removal at exit" if removed else "could not be marked for removal",
+        )
+        return False
