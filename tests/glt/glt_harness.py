@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -360,16 +361,6 @@ def _read_stacks(stacks: str, cmdlines: dict[int, str]) -> str:
     return "\n".join(parts)
 
 
-@dataclass
-class ScenarioRun:
-    scenario: str
-    returncode: int | None  # None: still running at the deadline (hung), then killed
-    elapsed_s: float
-    output: str
-    pids: list[int]
-    stacks: str  # SIGUSR1 dumps of every process of the group, when it hung
-
-
 def _stat_fields(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rpartition(")")[2].split()  # [state, ppid, pgrp, ...]
@@ -417,25 +408,36 @@ def _sysv_shm_created_by(creator_pids: Sequence[int]) -> list[int]:
     return [int(r["shmid"]) for r in sysv_shm_rows() if int(r["cpid"]) in creator_pids]
 
 
-def run_scenario(
-    scenario: str,
-    timeout: float = 45.0,
-    dump_grace: float = 2.0,
-    args: Sequence[str] = (),
-) -> ScenarioRun:
-    """Run ``glt_harness.py <scenario>`` in a new session and process group; at ``timeout``
-    dump every stack in the group (SIGUSR1), then SIGKILL the group we created, wait until
-    none of it is alive, and remove the SysV segment its loader process leaked."""
+@dataclass
+class Run:
+    returncode: int | None  # None: still running at the deadline (hung), then killed
+    elapsed_s: float
+    output: str
+    results: list[dict[str, Any]]
+    stacks: str  # SIGUSR1 dumps of every process of the group when it hung
+    leaked_segments: list[int]  # SysV segments of the group still there once it was gone
+    survivors: list[int]  # group members alive after the script ended on its own
+
+    @property
+    def result(self) -> dict[str, Any]:
+        assert self.results, f"no RESULT line; output:\n{self.output[-4000:]}"
+        return self.results[-1]
+
+
+def run_script(
+    script: str, args: Sequence[str], timeout: float, extra_env: dict[str, str] | None = None
+) -> Run:
+    """Run ``script args`` in a new session; at ``timeout`` dump every stack of the group
+    (SIGUSR1), SIGKILL the group we created, wait for it, then remove (and report) the SysV
+    segments its processes left behind."""
     with sigusr1_stack_dumps() as (env, stacks), tempfile.TemporaryFile(mode="w+") as out:
+        env.update(extra_env or {})
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), scenario, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
+            [sys.executable, script, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
-        )
-        pgid = proc.pid  # start_new_session: the child leads its own process group
+        )  # fmt: skip
+        pgid = proc.pid
         rc: int | None
         try:
             rc = proc.wait(timeout=timeout)
@@ -443,29 +445,38 @@ def run_scenario(
             rc = None
         elapsed = time.monotonic() - t0
         members = pids_in_group(pgid)
+        survivors: list[int] = []
+        if rc is not None:  # ended on its own: does anything of it outlive it? (bounded)
+            settle = time.monotonic() + 5
+            while pids_in_group(pgid) and time.monotonic() < settle:
+                time.sleep(0.02)
+            survivors = pids_in_group(pgid)
         cmdlines = {p: cmdline(p) for p in members}
         if rc is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGUSR1)
-            time.sleep(dump_grace)
+            time.sleep(2.0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 10
         while pids_in_group(pgid) and time.monotonic() < deadline:
-            time.sleep(0.02)  # orphans are reaped by pid 1; only liveness matters here
-        # a zombie leader can still have exiting threads holding the segment: retry briefly
+            time.sleep(0.02)
         creators = [proc.pid, *members]
+        leaked: list[int] = []
         shm_deadline = time.monotonic() + 5
         while True:
+            left = _sysv_shm_created_by(creators)
+            leaked = sorted(set(leaked) | set(left))
             remove_orphan_sysv_shm(creators)
             if not _sysv_shm_created_by(creators) or time.monotonic() > shm_deadline:
                 break
             time.sleep(0.05)
         out.seek(0)
         text = out.read()
-        dumps = _read_stacks(stacks, cmdlines)
-    return ScenarioRun(scenario, rc, elapsed, text, members, dumps)
+        results = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
+        return Run(rc, elapsed, text, results, _read_stacks(stacks, cmdlines), leaked,
+                   survivors)  # fmt: skip
 
 
 def _say(msg: str) -> None:
@@ -628,8 +639,8 @@ def main(argv: Sequence[str]) -> int:
         SCENARIOS[cmd](args)
     elif cmd == "run" and args and args[0] in SCENARIOS:
         timeout = float(args[1]) if len(args) > 1 else 45.0
-        r = run_scenario(args[0], timeout=timeout, args=args[2:])
-        print(f"== {r.scenario}: rc={r.returncode} elapsed={r.elapsed_s:.1f}s pids={r.pids}")
+        r = run_script(os.path.abspath(__file__), [args[0], *args[2:]], timeout)
+        print(f"== {args[0]}: rc={r.returncode} elapsed={r.elapsed_s:.1f}s")
         print(r.output)
         print(r.stacks)
     else:

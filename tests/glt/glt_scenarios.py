@@ -14,18 +14,14 @@ sampler factories below are module-level so that spawned workers can unpickle th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -364,83 +360,13 @@ SCENARIOS = {
 # --- runner -------------------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    returncode: int | None  # None: still running at the deadline (hung), then killed
-    elapsed_s: float
-    output: str
-    results: list[dict[str, Any]]
-    stacks: str  # SIGUSR1 dumps of every process of the group when it hung
-    leaked_segments: list[int]  # SysV segments of the group still there once it was gone
-    survivors: list[int]  # group members alive after the script ended on its own
-
-    @property
-    def result(self) -> dict[str, Any]:
-        assert self.results, f"no RESULT line; output:\n{self.output[-4000:]}"
-        return self.results[-1]
+def run_scenario(name: str, args: Sequence[str] = (), timeout: float = 90.0) -> h.Run:
+    return h.run_script(os.path.abspath(__file__), [name, *args], timeout)
 
 
-def run(script: str, args: Sequence[str], timeout: float, extra_env: dict[str, str] | None = None
-        ) -> Run:  # fmt: skip
-    """Run ``script args`` in a new session; at ``timeout`` dump every stack of the group
-    (SIGUSR1), SIGKILL the group we created, wait for it, then remove (and report) the SysV
-    segments its processes left behind."""
-    with h.sigusr1_stack_dumps() as (env, stacks), tempfile.TemporaryFile(mode="w+") as out:
-        env.update(extra_env or {})
-        t0 = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, script, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-        pgid = proc.pid
-        rc: int | None
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        elapsed = time.monotonic() - t0
-        members = h.pids_in_group(pgid)
-        survivors: list[int] = []
-        if rc is not None:  # ended on its own: does anything of it outlive it? (bounded)
-            settle = time.monotonic() + 5
-            while h.pids_in_group(pgid) and time.monotonic() < settle:
-                time.sleep(0.02)
-            survivors = h.pids_in_group(pgid)
-        cmdlines = {p: h.cmdline(p) for p in members}
-        if rc is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGUSR1)
-            time.sleep(2.0)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        proc.wait()
-        deadline = time.monotonic() + 10
-        while h.pids_in_group(pgid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        creators = [proc.pid, *members]
-        leaked: list[int] = []
-        shm_deadline = time.monotonic() + 5
-        while True:
-            left = h._sysv_shm_created_by(creators)
-            leaked = sorted(set(leaked) | set(left))
-            h.remove_orphan_sysv_shm(creators)
-            if not h._sysv_shm_created_by(creators) or time.monotonic() > shm_deadline:
-                break
-            time.sleep(0.05)
-        out.seek(0)
-        text = out.read()
-        results = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
-        return Run(rc, elapsed, text, results, h._read_stacks(stacks, cmdlines), leaked,
-                   survivors)  # fmt: skip
-
-
-def run_scenario(name: str, args: Sequence[str] = (), timeout: float = 90.0) -> Run:
-    return run(os.path.abspath(__file__), [name, *args], timeout)
-
-
-def run_stock(name: str, args: Sequence[str] = (), timeout: float = 20.0) -> Run:
+def run_stock(name: str, args: Sequence[str] = (), timeout: float = 20.0) -> h.Run:
     """A stock-GLT scenario of the harness (``hang-init``, ``hang-epoch``)."""
-    return run(os.path.join(HERE, "glt_harness.py"), [name, *args], timeout)
+    return h.run_script(os.path.join(HERE, "glt_harness.py"), [name, *args], timeout)
 
 
 def main(argv: Sequence[str]) -> int:
