@@ -312,6 +312,78 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
     assert _segments_of(os.getpid()) == before
 
 
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_works(
+    glt_context: None,
+) -> None:
+    """KeyboardInterrupt (a real SIGINT) ends the wait at once and leaves the ring intact."""
+    import multiprocessing as mp
+
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    before = _segments_of(os.getpid())
+    channel = ShmChannel(2, "1MB")
+    sleeper = mp.get_context("spawn").Process(target=time.sleep, args=(60,), daemon=True)
+    sleeper.start()
+    receiver = open_receiver(channel, [sleeper], mode="ring")
+    main = threading.get_ident()
+    interrupter = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    writer = None
+    try:
+        interrupter.start()
+        t = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            receiver.receive()  # nothing is ever written: only the SIGINT ends this
+        assert time.monotonic() - t < 10.0
+        writer = _spawn_writer(channel, 1)
+        msg, ended = receiver.receive()
+        assert ended == [] and int(msg["i"][0]) == 0
+        del msg
+    finally:
+        interrupter.join()
+        receiver.stop()
+        assert receiver.close(join_timeout=1.0)
+        for p in (sleeper, writer):
+            if p is not None:
+                p.kill()  # type: ignore[attr-defined]
+                p.join(10)  # type: ignore[attr-defined]
+                p.close()  # type: ignore[attr-defined]
+    del receiver, sleeper, writer, channel
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(120)
+def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
+    glt_context: None,
+) -> None:
+    """An atexit shutdown, or a user's watchdog thread, closes the receiver while the
+    consumer waits: the receive raises instead of reading a detached segment."""
+    import multiprocessing as mp
+
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    channel = ShmChannel(2, "1MB")
+    sleeper = mp.get_context("spawn").Process(target=time.sleep, args=(60,), daemon=True)
+    sleeper.start()
+    receiver = open_receiver(channel, [sleeper], mode="ring")
+    closer = threading.Timer(0.5, receiver.close, (1.0,))
+    try:
+        closer.start()
+        with pytest.raises(RuntimeError, match="shut down during a receive"):
+            receiver.receive()
+        assert receiver.close(join_timeout=1.0)  # idempotent
+    finally:
+        closer.join()
+        sleeper.kill()
+        sleeper.join(10)
+        sleeper.close()
+    del receiver, closer, sleeper, channel
+    gc.collect()
+
+
 @pytest.mark.timeout(60)
 def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     glt_context: None, caplog: pytest.LogCaptureFixture
