@@ -367,11 +367,9 @@ def _receive_path_section(rp: dict[str, Any]) -> list[str]:
         lines.append(f"| {what} | {1e6 * med:.1f} us | {extra} | {share} | {runs} us |")
     lines += [
         "",
-        "Stock `recv()` sleeps 1 ms at a time while the ring is empty. The ring reader "
-        "sleeps on the next block's read semaphore (woken by the writer's post, checking the "
-        "workers' pidfds every 10 ms) and calls the C++ receive only for a block already "
-        "written. The helper thread does stock's wait in a thread and adds a hand-off per "
-        "message.",
+        "Both wait for a message the way stock GLT does, waking every millisecond; the ring "
+        "reader calls the C++ receive only for a block already written and checks the "
+        "workers' pidfds on each wake, the helper thread adds a hand-off per message.",
         "",
     ]
     return lines

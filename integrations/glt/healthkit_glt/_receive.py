@@ -9,11 +9,10 @@ for ring space, leaves a claimed block that is never written: ``recv()``, with o
 Two receivers, one interface (:class:`Receiver`):
 
 - :class:`RingReceiver` (GLT's ``ShmChannel``, the default): reads the ring's header in
-  shared memory and calls ``recv()`` only when the next block is already written (its read
-  semaphore is posted), so ``recv()`` cannot block. Until then the caller sleeps on that
-  semaphore's futex, 10 ms at a time, checking the workers' pidfds after each sleep, so a
-  death ends the wait within 10 ms. No thread, no hand-off, no 1 ms polling: the writer's
-  post wakes the caller (see :func:`_futex_wake_works` for how, and how it is checked).
+  shared memory, read-only, and calls ``recv()`` only when the next block is already written
+  (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
+  ``poll()`` on the workers' pidfds, 1 ms at a time (GLT's own cadence), so a death ends the
+  wait at once. No thread, no hand-off: the per-batch cost is a few memory reads.
 - :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
   below): a helper thread does the blocking ``recv()`` and hands the message over through a
   pipe, and the caller polls that pipe and the pidfds. It costs a thread hand-off per batch,
@@ -23,21 +22,16 @@ Two receivers, one interface (:class:`Receiver`):
 The ring layout is GLT 0.2.4's ``ShmQueueMeta`` (``graphlearn_torch/include/shm_queue.h``).
 It is never assumed: GLT stores its own offsets in the header (where the block table and the
 data start), and :meth:`RingReceiver.open` checks them, and every semaphore's value, against
-the layout before using it; anything else, or a C library whose semaphores do not behave as
-:func:`_futex_wake_works` checks, falls back to :class:`ThreadReceiver`. The only thing the
-ring reader ever writes into the segment is a semaphore's waiter count (never its value).
+the layout before using it; anything else falls back to :class:`ThreadReceiver`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
-import platform
 import select
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
@@ -69,12 +63,9 @@ _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.shmdt.argtypes = [ctypes.c_void_p]
 _libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
 _libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-_libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-_libc.sem_post.argtypes = [ctypes.c_void_p]
-_libc.sem_wait.argtypes = [ctypes.c_void_p]
-_libc.syscall.restype = ctypes.c_long
 
 _IPC_RMID = 0
+_SHM_RDONLY = 0o10000
 _SEM_SIZE = 32  # sizeof(sem_t), glibc on 64-bit Linux
 
 # ShmQueueMeta: 8 size_t fields, then alloc_lock_ and release_lock_ (sem_t each).
@@ -85,74 +76,7 @@ _HEADER_SIZE = 8 * 8 + 2 * _SEM_SIZE
 _WRITE_SEM, _READ_SEM = 3 * 8, 3 * 8 + _SEM_SIZE
 _BLOCK_SIZE = 3 * 8 + 2 * _SEM_SIZE + 8
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
-_FUTEX_WAIT = 0  # not FUTEX_PRIVATE: the semaphores are shared between processes
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_WAKE_CHECK = _Timespec(0, 10_000_000)  # the workers' pidfds are checked every 10 ms
-
-
-def _futex_wait(word: int, expected: int, timeout: _Timespec) -> None:
-    """Sleep while the 32-bit word at ``word`` holds ``expected``: until a FUTEX_WAKE on
-    it, the timeout or a signal. Returns at once if the word already differs."""
-    _libc.syscall(
-        ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(word), ctypes.c_int(_FUTEX_WAIT),
-        ctypes.c_uint(expected), ctypes.byref(timeout), None, ctypes.c_uint(0),
-    )  # fmt: skip
-
-
-@functools.cache
-def _futex_wake_works() -> bool:
-    """Whether this C library's semaphores can wake a futex sleeper that never takes them.
-
-    glibc's 64-bit ``sem_t`` keeps the value in its first 32-bit word and the number of
-    sleeping waiters in the second; ``sem_post`` adds 1 to the value and, if the waiter
-    count is not 0, wakes the value word's futex. So a reader that sets the count and
-    sleeps on the value word is woken by the writer's post, without ever changing the
-    value (which stays for ``recv()`` to take). That is glibc's internal layout, so it is
-    checked here, once per process, on a real semaphore with a real sleeping thread; any
-    difference means no ring reader (the helper thread is used instead).
-    """
-    if _SYS_FUTEX is None:
-        return False
-    sem = (ctypes.c_uint32 * (_SEM_SIZE // 4))()
-    addr = ctypes.addressof(sem)
-    if _libc.sem_init(addr, 1, 0) != 0:
-        return False
-    _libc.sem_post(addr)
-    if (sem[0], sem[1]) != (1, 0):
-        return False
-    _libc.sem_wait(addr)
-    # A real waiter (glibc's own sem_wait, in a thread) must show up in the second word.
-    waiter = threading.Thread(target=_libc.sem_wait, args=(addr,), name="healthkit-glt check")
-    waiter.start()
-    deadline = time.monotonic() + 2.0
-    while sem[1] != 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    seen = sem[1] == 1
-    _libc.sem_post(addr)
-    waiter.join()
-    if not seen or (sem[0], sem[1]) != (0, 0):
-        return False
-    # Our way of waiting: count set by hand, sleep on the value word; the post must wake it.
-    sem[1] = 1
-    woke: list[float] = []
-
-    def sleeper() -> None:
-        t = time.monotonic()
-        _futex_wait(addr, 0, _Timespec(5, 0))
-        woke.append(time.monotonic() - t)
-
-    thread = threading.Thread(target=sleeper, name="healthkit-glt check")
-    thread.start()
-    time.sleep(0.02)
-    _libc.sem_post(addr)
-    thread.join()
-    return bool(woke) and woke[0] < 2.5 and sem[0] == 1
+_RING_WAIT_MS = 1  # GLT's own recv() sleeps 1 ms at a time while its ring is empty
 
 
 class RingLayoutError(RuntimeError):
@@ -217,9 +141,8 @@ class RingReceiver:
     """Receives on the caller's thread, calling ``recv()`` only for a block already written.
 
     One consumer per ring (GLT's design): nobody else takes a posted read semaphore, so
-    "posted" stays true until our ``recv()`` takes it. The only store into the segment is
-    the next block's read-semaphore waiter count (so that the writer's post wakes us); a
-    count left set costs the writer one futex wake per post, nothing more.
+    "posted" stays true until our ``recv()`` takes it. The segment is attached read-only: a
+    bug here can misread the ring, never corrupt it.
     """
 
     def __init__(
@@ -255,11 +178,7 @@ class RingReceiver:
         shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
         if shmid is None:
             raise RingLayoutError(f"{type(channel).__name__} is not a GLT ShmChannel")
-        if not _futex_wake_works():
-            raise RingLayoutError(
-                f"this C library's semaphores cannot wake a futex sleeper ({platform.machine()})"
-            )
-        addr = _libc.shmat(shmid, None, 0)
+        addr = _libc.shmat(shmid, None, _SHM_RDONLY)
         if addr is None or addr == ctypes.c_void_p(-1).value:
             err = ctypes.get_errno()
             raise RingLayoutError(f"cannot attach channel segment {shmid}: {os.strerror(err)}")
@@ -275,6 +194,8 @@ class RingReceiver:
         return self._value.value
 
     def receive(self) -> tuple[Any, list[ProcessWatch]]:
+        # Runs once per 1 ms wake while the consumer waits: kept to a few bytecodes, as
+        # each wake runs on cold caches and a heavier loop measurably costs CPU.
         lock, read_id, write_id, poll = self._lock, self._read_id, self._write_id, self._poll
         while True:
             lock.acquire()
@@ -282,14 +203,9 @@ class RingReceiver:
                 if self._closed:
                     raise RuntimeError("the sampling producer was shut down during a receive")
                 r = read_id.value
-                sem = self._read_sems[r % self._blocks]
-                if self._sem_value(sem) and r < write_id.value:
+                if r < write_id.value and self._sem_value(self._read_sems[r % self._blocks]):
                     return self._channel.recv(), []
-                # Count ourselves as a waiter, then sleep on the value word: the writer's
-                # post wakes us; if it posted in between, the futex returns at once.
-                ctypes.c_uint32.from_address(sem + 4).value = 1
-                _futex_wait(sem, 0, _WAKE_CHECK)
-                events = poll(0)
+                events = poll(_RING_WAIT_MS)
             finally:
                 lock.release()
             if events:
