@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -232,14 +233,33 @@ def test_teardown_joins_a_worker_already_reaped_so_no_fd_outlives_the_producer()
 # --- the receivers, on a real ring and a real writer process (no sampler) ------------------
 
 
-def _spawn_writer(channel: object, messages: int) -> object:
+def _spawn(target: object, *args: object) -> Any:
     import multiprocessing as mp
 
-    writer = mp.get_context("spawn").Process(
-        target=sc._channel_writer, args=(channel, messages, 0, None), daemon=True
-    )
-    writer.start()
-    return writer
+    process = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def _spawn_writer(channel: object, messages: int) -> Any:
+    """A process that sends ``messages`` numbered messages into ``channel``, then exits."""
+    return _spawn(sc._channel_writer, channel, messages, 0, None)
+
+
+def _spawn_sleeper() -> Any:
+    """A live process that never sends: a worker the receiver watches while nothing comes."""
+    return _spawn(time.sleep, 60)
+
+
+def _end(receiver: Any, *processes: Any) -> None:
+    """Close the receiver (it must not be stuck) and end and reap our processes."""
+    receiver.stop()
+    assert receiver.close(join_timeout=1.0)
+    for p in processes:
+        if p is not None:
+            p.kill()  # a no-op for one that has exited
+            p.join(10)
+            p.close()
 
 
 @pytest.mark.timeout(120)
@@ -253,7 +273,7 @@ def test_ring_receiver_reports_a_writer_killed_on_a_claimed_block_and_never_ente
     before = _segments_of(os.getpid())
     channel = ShmChannel(1, "1MB")
     writer = _spawn_writer(channel, 2)
-    receiver = open_receiver(channel, [writer])  # type: ignore[list-item]
+    receiver = open_receiver(channel, [writer])
     assert isinstance(receiver, RingReceiver)
     try:
         first, ended = receiver.receive()
@@ -263,7 +283,7 @@ def test_ring_receiver_reports_a_writer_killed_on_a_claimed_block_and_never_ente
         while channel.empty():
             assert time.monotonic() < deadline, "the writer never claimed block 1"
             time.sleep(0.01)
-        os.kill(writer.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        os.kill(writer.pid, signal.SIGKILL)
         t = time.monotonic()
         msg, ended = receiver.receive()
         waited = time.monotonic() - t
@@ -272,10 +292,7 @@ def test_ring_receiver_reports_a_writer_killed_on_a_claimed_block_and_never_ente
         assert waited < 5.0
         assert not channel.empty()  # the claimed block is still there, unwritten
     finally:
-        receiver.stop()
-        assert receiver.close(join_timeout=1.0)
-        writer.join(10)  # type: ignore[attr-defined]
-        writer.close()  # type: ignore[attr-defined]
+        _end(receiver, writer)
     del first, ended, receiver, writer, channel
     gc.collect()
     assert _segments_of(os.getpid()) == before
@@ -291,7 +308,7 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
     before = _segments_of(os.getpid())
     channel = ShmChannel(2, "1MB")
     writer = _spawn_writer(channel, 50)
-    receiver = open_receiver(channel, [writer], mode="ring")  # type: ignore[list-item]
+    receiver = open_receiver(channel, [writer], mode="ring")
     try:
         got = []
         for _ in range(50):
@@ -303,10 +320,7 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
         msg, ended = receiver.receive()  # nothing more comes: the writer's exit is reported
         assert msg is None and ended[0].poll().returncode == 0
     finally:
-        receiver.stop()
-        assert receiver.close(join_timeout=1.0)
-        writer.join(10)  # type: ignore[attr-defined]
-        writer.close()  # type: ignore[attr-defined]
+        _end(receiver, writer)
     del ended, receiver, writer, channel
     gc.collect()
     assert _segments_of(os.getpid()) == before
@@ -317,15 +331,12 @@ def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_wo
     glt_context: None,
 ) -> None:
     """KeyboardInterrupt (a real SIGINT) ends the wait at once and leaves the ring intact."""
-    import multiprocessing as mp
-
     from graphlearn_torch.channel import ShmChannel
     from healthkit_glt._receive import open_receiver
 
     before = _segments_of(os.getpid())
     channel = ShmChannel(2, "1MB")
-    sleeper = mp.get_context("spawn").Process(target=time.sleep, args=(60,), daemon=True)
-    sleeper.start()
+    sleeper = _spawn_sleeper()
     receiver = open_receiver(channel, [sleeper], mode="ring")
     main = threading.get_ident()
     interrupter = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
@@ -342,13 +353,7 @@ def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_wo
         del msg
     finally:
         interrupter.join()
-        receiver.stop()
-        assert receiver.close(join_timeout=1.0)
-        for p in (sleeper, writer):
-            if p is not None:
-                p.kill()  # type: ignore[attr-defined]
-                p.join(10)  # type: ignore[attr-defined]
-                p.close()  # type: ignore[attr-defined]
+        _end(receiver, sleeper, writer)
     del receiver, sleeper, writer, channel
     gc.collect()
     assert _segments_of(os.getpid()) == before
@@ -360,14 +365,11 @@ def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
 ) -> None:
     """An atexit shutdown, or a user's watchdog thread, closes the receiver while the
     consumer waits: the receive raises instead of reading a detached segment."""
-    import multiprocessing as mp
-
     from graphlearn_torch.channel import ShmChannel
     from healthkit_glt._receive import open_receiver
 
     channel = ShmChannel(2, "1MB")
-    sleeper = mp.get_context("spawn").Process(target=time.sleep, args=(60,), daemon=True)
-    sleeper.start()
+    sleeper = _spawn_sleeper()
     receiver = open_receiver(channel, [sleeper], mode="ring")
     closer = threading.Timer(0.5, receiver.close, (1.0,))
     try:
@@ -377,9 +379,7 @@ def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
         assert receiver.close(join_timeout=1.0)  # idempotent
     finally:
         closer.join()
-        sleeper.kill()
-        sleeper.join(10)
-        sleeper.close()
+        _end(receiver, sleeper)
     del receiver, closer, sleeper, channel
     gc.collect()
 
