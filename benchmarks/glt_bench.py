@@ -250,7 +250,7 @@ def receive_path(rounds: int, messages: int, period_s: float, rows: int = 1000) 
         writer.join(30)
         for receiver in receivers.values():
             receiver.stop()
-            receiver.close(join_timeout=2.0)
+            receiver.close()
         if writer.is_alive():
             writer.kill()
             writer.join()

@@ -254,7 +254,7 @@ def _spawn_sleeper() -> Any:
 def _end(receiver: Any, *processes: Any) -> None:
     """Close the receiver (it must not be stuck) and end and reap our processes."""
     receiver.stop()
-    assert receiver.close(join_timeout=1.0)
+    assert receiver.close()
     for p in processes:
         if p is not None:
             p.kill()  # a no-op for one that has exited
@@ -371,12 +371,12 @@ def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
     channel = ShmChannel(2, "1MB")
     sleeper = _spawn_sleeper()
     receiver = open_receiver(channel, [sleeper], mode="ring")
-    closer = threading.Timer(0.5, receiver.close, (1.0,))
+    closer = threading.Timer(0.5, receiver.close)
     try:
         closer.start()
         with pytest.raises(RuntimeError, match="shut down during a receive"):
             receiver.receive()
-        assert receiver.close(join_timeout=1.0)  # idempotent
+        assert receiver.close()  # idempotent
     finally:
         closer.join()
         _end(receiver, sleeper)
@@ -415,14 +415,14 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
         assert isinstance(fallback, ThreadReceiver)
         assert "receiving through a helper thread instead" in caplog.text
         fallback.stop()
-        assert fallback.close(join_timeout=5.0)
+        assert fallback.close()
     finally:
         header[3] = data_offset
         del header
         libc.shmdt(addr)
     ring = open_receiver(channel, [], mode="ring")
     assert isinstance(ring, RingReceiver)
-    ring.close(join_timeout=1.0)
+    ring.close()
     wrapped = hg.SerializedSendChannel(channel, mp.get_context("spawn").Lock())
     with pytest.raises(hg.RingLayoutError, match="SerializedSendChannel is not a GLT ShmChannel"):
         open_receiver(wrapped, [], mode="ring")

@@ -54,7 +54,7 @@ from healthkit_glt._config import (
     TimeoutPlan,
     resolve_timeouts,
 )
-from healthkit_glt._receive import RECEIVER_MODES, Receiver, ReceiverMode, open_receiver
+from healthkit_glt._receive import Receiver, ReceiverMode, check_receiver_mode, open_receiver
 from healthkit_glt._worker import (
     SamplerFactory,
     SamplingWorkerContext,
@@ -200,8 +200,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self.stop_timeout = float(stop_timeout)
         self.kill_timeout = float(kill_timeout)
         self.init_failure_grace = float(init_failure_grace)
-        if receiver not in RECEIVER_MODES:
-            raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {receiver!r}")
+        check_receiver_mode(receiver)
         self.receiver: ReceiverMode = receiver
         self.recv_poll_ms = int(recv_poll_ms)
         self.worker_extra = dict(worker_extra or {})
@@ -423,7 +422,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                     q.cancel_join_thread()
                     q.close()
             if receiver is not None:
-                receiver.close(join_timeout=2 * self.recv_poll_ms / 1000 + 1.0)
+                receiver.close()
             if cleanup:
                 self._cleanup_files()
 

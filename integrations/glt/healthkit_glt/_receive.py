@@ -49,6 +49,7 @@ __all__ = [
     "RingReceiver",
     "ThreadReceiver",
     "channel_shmid",
+    "check_receiver_mode",
     "open_receiver",
 ]
 
@@ -98,7 +99,7 @@ class Receiver(Protocol):
         """Stop reporting (the teardown is about to end the workers)."""
         ...
 
-    def close(self, join_timeout: float) -> bool:
+    def close(self) -> bool:
         """Release fds and memory; False if a receive is stuck in C++ for good."""
         ...
 
@@ -112,9 +113,42 @@ def channel_shmid(channel: ChannelBase) -> int | None:
         return None
 
 
-def _watch_all(workers: Sequence[BaseProcess]) -> tuple[list[ProcessWatch], dict[int, int]]:
-    watches = [ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)]
-    return watches, {id(w): rank for rank, w in enumerate(watches)}
+class _WorkerExits:
+    """One ``poll()`` set over the workers' pidfds (plus any extra fds of a receiver).
+
+    A bare ``poll()`` on a fixed fd set, not :class:`healthkit.WatchSet`: it runs once per
+    batch (once per millisecond while waiting), and the fd set never changes.
+    """
+
+    def __init__(self, workers: Sequence[BaseProcess]) -> None:
+        self.watches = [
+            ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)
+        ]
+        self.ranks = {id(w): rank for rank, w in enumerate(self.watches)}
+        self._by_fd = {w.fileno(): w for w in self.watches}
+        self._poller = select.poll()
+        for fd in self._by_fd:
+            self._poller.register(fd, select.POLLIN)
+        self.poll = self._poller.poll
+
+    def register(self, fd: int) -> None:
+        self._poller.register(fd, select.POLLIN)
+
+    def ended(self, events: list[tuple[int, int]]) -> list[ProcessWatch]:
+        """The watches among ``events`` whose worker has ended (other fds are skipped)."""
+        return [
+            w for fd, _ in events if (w := self._by_fd.get(fd)) is not None and w.poll() is not None
+        ]
+
+    def close(self) -> None:
+        for w in self.watches:
+            w.close()
+
+
+def check_receiver_mode(mode: str) -> None:
+    """ValueError naming the valid modes, for a bad ``receiver`` argument."""
+    if mode not in RECEIVER_MODES:
+        raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
 
 
 def open_receiver(
@@ -125,8 +159,7 @@ def open_receiver(
     poll_ms: int = 500,
 ) -> Receiver:
     """The receiver for ``channel``: the ring reader when it can be used (``"auto"``)."""
-    if mode not in RECEIVER_MODES:
-        raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
+    check_receiver_mode(mode)
     if mode != "thread":
         try:
             return RingReceiver.open(channel, workers)
@@ -153,13 +186,8 @@ class RingReceiver:
         blocks: int,
     ) -> None:
         self._channel = channel
-        self.watches, self.ranks = _watch_all(workers)
-        self._poller = select.poll()
-        self._by_fd: dict[int, ProcessWatch] = {}
-        for w in self.watches:
-            self._poller.register(w.fileno(), select.POLLIN)
-            self._by_fd[w.fileno()] = w
-        self._poll = self._poller.poll
+        self._exits = _WorkerExits(workers)
+        self.watches, self.ranks = self._exits.watches, self._exits.ranks
         self._addr: int | None = addr
         self._blocks = blocks
         self._write_id = ctypes.c_size_t.from_address(addr + _WRITE_BLOCK_ID)
@@ -196,7 +224,7 @@ class RingReceiver:
     def receive(self) -> tuple[Any, list[ProcessWatch]]:
         # Runs once per 1 ms wake while the consumer waits: kept to a few bytecodes, as
         # each wake runs on cold caches and a heavier loop measurably costs CPU.
-        lock, read_id, write_id, poll = self._lock, self._read_id, self._write_id, self._poll
+        lock, read_id, write_id, poll = self._lock, self._read_id, self._write_id, self._exits.poll
         while True:
             lock.acquire()
             try:
@@ -208,20 +236,17 @@ class RingReceiver:
                 events = poll(_RING_WAIT_MS)
             finally:
                 lock.release()
-            if events:
-                ended = [w for fd, _ in events if (w := self._by_fd[fd]).poll() is not None]
-                if ended:
-                    return None, ended
+            if events and (ended := self._exits.ended(events)):
+                return None, ended
 
     def stop(self) -> None:
         pass  # nothing runs between receives
 
-    def close(self, join_timeout: float) -> bool:
+    def close(self) -> bool:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                for w in self.watches:
-                    w.close()
+                self._exits.close()
                 if self._addr is not None:
                     _libc.shmdt(self._addr)
                     self._addr = None
@@ -257,9 +282,8 @@ class ThreadReceiver:
     fds at once.
 
     One request at a time, like the stock loader: the thread does not prefetch, so the
-    number of ring slots a consumer holds is the same as with stock GLT. The wait is a bare
-    ``poll()`` on a fixed fd set (a hand-off pipe plus each worker's pidfd), not
-    :class:`healthkit.WatchSet`: it runs once per batch and the fd set never changes.
+    number of ring slots a consumer holds is the same as with stock GLT. The caller polls
+    the hand-off pipe together with the workers' pidfds.
     """
 
     def __init__(
@@ -270,14 +294,10 @@ class ThreadReceiver:
     ) -> None:
         self._channel = channel
         self._poll_ms = poll_ms
-        self.watches, self.ranks = _watch_all(workers)
+        self._exits = _WorkerExits(workers)
+        self.watches, self.ranks = self._exits.watches, self._exits.ranks
         self._ready_r, self._ready_w = os.pipe()
-        self._poller = select.poll()
-        self._poller.register(self._ready_r, select.POLLIN)
-        self._by_fd: dict[int, ProcessWatch] = {}
-        for w in self.watches:
-            self._poller.register(w.fileno(), select.POLLIN)
-            self._by_fd[w.fileno()] = w
+        self._exits.register(self._ready_r)
         self._requests = threading.Semaphore(0)
         self._results: deque[tuple[bool, Any]] = deque()
         self._pending = False
@@ -323,30 +343,25 @@ class ThreadReceiver:
                 if not ok:
                     raise value
                 return value, []
-            ended = []
-            for fd, _ in self._poller.poll():
-                if fd == self._ready_r:
-                    os.read(self._ready_r, 64)
-                    continue
-                watch = self._by_fd[fd]
-                if watch.poll() is not None:
-                    ended.append(watch)
-            if ended:
+            events = self._exits.poll()
+            if any(fd == self._ready_r for fd, _ in events):
+                os.read(self._ready_r, 64)
+            if ended := self._exits.ended(events):
                 return None, ended
 
     def stop(self) -> None:
         self._stopping = True
         self._requests.release()
 
-    def close(self, join_timeout: float) -> bool:
-        """Close the fds; True if the thread ended. When it is stuck on a block a dead
-        worker claimed, it keeps the channel attached (and alive) for the life of the
-        process, so GLT's destructor, the only place that removes the SysV segment, never
-        runs: the segment is marked for removal, so the kernel frees it at our exit."""
-        self.thread.join(join_timeout)
+    def close(self) -> bool:
+        """Close the fds; True if the thread ended. A thread waiting on an empty queue sees
+        the stop within ``poll_ms``, so it is given two of those and a second. One stuck on
+        a block a dead worker claimed keeps the channel attached (and alive) for the life of
+        the process, so GLT's destructor, the only place that removes the SysV segment,
+        never runs: the segment is marked for removal, so the kernel frees it at our exit."""
+        self.thread.join(2 * self._poll_ms / 1000 + 1.0)
         ended = not self.thread.is_alive()
-        for w in self.watches:
-            w.close()
+        self._exits.close()
         os.close(self._ready_r)
         self._results.clear()
         if ended:
