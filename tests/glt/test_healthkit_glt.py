@@ -384,6 +384,66 @@ def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
     gc.collect()
 
 
+@pytest.mark.timeout(120)
+def test_a_signal_handler_that_closes_the_ring_reader_ends_its_receive_then_detaches(
+    glt_context: None,
+) -> None:
+    """A handler that shuts the loader down (say on SIGTERM) runs on the receiving thread,
+    inside the wait: the receive raises, and the segment and fds are released once it has
+    returned, not under it."""
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    before = _segments_of(os.getpid())
+    channel = ShmChannel(2, "1MB")
+    sleeper = _spawn_sleeper()
+    fds = len(os.listdir("/proc/self/fd"))
+    receiver = open_receiver(channel, [sleeper], mode="ring")
+    previous = signal.signal(signal.SIGUSR2, lambda *_, close=receiver.close: close())
+    interrupter = threading.Timer(0.5, signal.pthread_kill, (threading.get_ident(), signal.SIGUSR2))
+    try:
+        interrupter.start()
+        t = time.monotonic()
+        with pytest.raises(RuntimeError, match="shut down during a receive"):
+            receiver.receive()
+        assert time.monotonic() - t < 10.0
+        assert len(os.listdir("/proc/self/fd")) == fds  # pidfd and wake pipe closed
+        with pytest.raises(RuntimeError, match="shut down during a receive"):
+            receiver.receive()
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGUSR2, previous)
+        _end(receiver, sleeper)
+    del receiver, sleeper, channel
+    gc.collect()
+    assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_c_library_whose_semaphores_differ_gets_the_thread_receiver(
+    glt_context: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ring reader reads a semaphore's value from its first word, as glibc stores it;
+    another C library (cannot happen here: this one is checked to be glibc's layout) must
+    get the helper thread."""
+    import healthkit_glt._receive as receive_module
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import ThreadReceiver, open_receiver
+
+    assert receive_module._sem_value_word_works()  # this machine: the ring reader is used
+    monkeypatch.setattr(receive_module, "_sem_value_word_works", lambda: False)
+    channel = ShmChannel(2, "1MB")
+    with pytest.raises(hg.RingLayoutError, match="sem_t does not hold its value"):
+        open_receiver(channel, [], mode="ring")
+    with caplog.at_level("WARNING", logger="healthkit_glt"):
+        fallback = open_receiver(channel, [])
+    assert isinstance(fallback, ThreadReceiver)
+    fallback.stop()
+    assert fallback.close()
+    del fallback, channel
+    gc.collect()
+
+
 @pytest.mark.timeout(60)
 def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     glt_context: None, caplog: pytest.LogCaptureFixture

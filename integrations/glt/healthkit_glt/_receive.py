@@ -12,7 +12,7 @@ Two receivers, one interface (:class:`Receiver`):
   shared memory, read-only, and calls ``recv()`` only when the next block is already written
   (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
   ``poll()`` on the workers' pidfds, 1 ms at a time (GLT's own cadence), so a death ends the
-  wait at once. No thread, no hand-off: the per-batch cost is a few memory reads.
+  wait at once. No thread, no hand-off: each check is two memory reads.
 - :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
   below): a helper thread does the blocking ``recv()`` and hands the message over through a
   pipe, and the caller polls that pipe and the pidfds. It costs a thread hand-off per batch,
@@ -28,6 +28,7 @@ the layout before using it; anything else falls back to :class:`ThreadReceiver`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import select
@@ -64,6 +65,9 @@ _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.shmdt.argtypes = [ctypes.c_void_p]
 _libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
 _libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+_libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+_libc.sem_post.argtypes = [ctypes.c_void_p]
+_libc.sem_destroy.argtypes = [ctypes.c_void_p]
 
 _IPC_RMID = 0
 _SHM_RDONLY = 0o10000
@@ -71,13 +75,38 @@ _SEM_SIZE = 32  # sizeof(sem_t), glibc on 64-bit Linux
 
 # ShmQueueMeta: 8 size_t fields, then alloc_lock_ and release_lock_ (sem_t each).
 _MAX_BLOCK_NUM, _BLOCK_META_OFFSET, _DATA_BUF_OFFSET = 0, 2, 3  # size_t indexes
-_WRITE_BLOCK_ID, _READ_BLOCK_ID = 4 * 8, 5 * 8  # byte offsets
+_WRITE_BLOCK_ID, _READ_BLOCK_ID = 4, 5  # size_t indexes
 _HEADER_SIZE = 8 * 8 + 2 * _SEM_SIZE
 # BlockMeta: begin, data, end (size_t), write and read (sem_t), release (bool), padded to 8.
 _WRITE_SEM, _READ_SEM = 3 * 8, 3 * 8 + _SEM_SIZE
 _BLOCK_SIZE = 3 * 8 + 2 * _SEM_SIZE + 8
 
 _RING_WAIT_MS = 1  # GLT's own recv() sleeps 1 ms at a time while its ring is empty
+
+
+@functools.cache
+def _sem_value_word_works() -> bool:
+    """Whether a semaphore's value can be read as its first 32-bit word (glibc's 64-bit
+    ``sem_t``), checked once per process against ``sem_getvalue`` on a real semaphore.
+
+    The ring reader reads the value that way because it runs once per batch on cold
+    caches, where a foreign-function call costs measurably more than a memory read.
+    """
+    sem = (ctypes.c_uint32 * (_SEM_SIZE // 4))()
+    addr = ctypes.addressof(sem)
+    if _libc.sem_init(addr, 1, 0) != 0:
+        return False
+    value = ctypes.c_int()
+    try:
+        for expected in (0, 1, 2):
+            if expected:
+                _libc.sem_post(addr)
+            _libc.sem_getvalue(addr, ctypes.byref(value))
+            if not sem[0] == value.value == expected:
+                return False
+        return True
+    finally:
+        _libc.sem_destroy(addr)
 
 
 class RingLayoutError(RuntimeError):
@@ -174,8 +203,9 @@ class RingReceiver:
     """Receives on the caller's thread, calling ``recv()`` only for a block already written.
 
     One consumer per ring (GLT's design): nobody else takes a posted read semaphore, so
-    "posted" stays true until our ``recv()`` takes it. The segment is attached read-only: a
-    bug here can misread the ring, never corrupt it.
+    "posted" stays true until our ``recv()`` takes it, and the read block id changes only
+    in our own ``recv()``. The segment is attached read-only: a bug here can misread the
+    ring, never corrupt it.
     """
 
     def __init__(
@@ -188,16 +218,22 @@ class RingReceiver:
         self._channel = channel
         self._exits = _WorkerExits(workers)
         self.watches, self.ranks = self._exits.watches, self._exits.ranks
+        # close() from another thread writes here, so a waiting receive returns at once.
+        self._wake_r, self._wake_w = os.pipe()
+        self._exits.register(self._wake_r)
         self._addr: int | None = addr
-        self._blocks = blocks
-        self._write_id = ctypes.c_size_t.from_address(addr + _WRITE_BLOCK_ID)
-        self._read_id = ctypes.c_size_t.from_address(addr + _READ_BLOCK_ID)
-        self._read_sems = [addr + _HEADER_SIZE + _BLOCK_SIZE * i + _READ_SEM for i in range(blocks)]
-        self._value = ctypes.c_int()
-        self._value_ref = ctypes.byref(self._value)
-        # Held while the segment is read or the fds are polled, so close() from another
-        # thread (an atexit shutdown) never unmaps or closes them under a receive.
-        self._lock = threading.Lock()
+        table = (ctypes.c_char * (_HEADER_SIZE + _BLOCK_SIZE * blocks)).from_address(addr)
+        self._header = memoryview(table).cast("B").cast("Q")
+        self._words = memoryview(table).cast("B").cast("I")
+        read_sem_words = [(_HEADER_SIZE + _BLOCK_SIZE * i + _READ_SEM) // 4 for i in range(blocks)]
+        # What a receive reads, in one attribute: each lookup is a cache miss after a wait.
+        self._hot = (self._header, self._words, read_sem_words, self._exits.poll, channel.recv)
+        # Held for a whole receive, so close() from another thread (an atexit shutdown)
+        # never detaches the segment under it. Reentrant, for a close() from a signal
+        # handler on the receiving thread: that one leaves the detach to the receive.
+        self._lock = threading.RLock()
+        self._receiving = False
+        self._detach_on_return = False
         self._closed = False
 
     @classmethod
@@ -206,6 +242,10 @@ class RingReceiver:
         shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
         if shmid is None:
             raise RingLayoutError(f"{type(channel).__name__} is not a GLT ShmChannel")
+        if not _sem_value_word_works():
+            raise RingLayoutError(
+                "this C library's sem_t does not hold its value in its first 32-bit word"
+            )
         addr = _libc.shmat(shmid, None, _SHM_RDONLY)
         if addr is None or addr == ctypes.c_void_p(-1).value:
             err = ctypes.get_errno()
@@ -217,40 +257,58 @@ class RingReceiver:
             raise
         return cls(channel, workers, addr, blocks)
 
-    def _sem_value(self, addr: int) -> int:
-        _libc.sem_getvalue(addr, self._value_ref)
-        return self._value.value
-
     def receive(self) -> tuple[Any, list[ProcessWatch]]:
-        # Runs once per 1 ms wake while the consumer waits: kept to a few bytecodes, as
-        # each wake runs on cold caches and a heavier loop measurably costs CPU.
-        lock, read_id, write_id, poll = self._lock, self._read_id, self._write_id, self._exits.poll
-        while True:
-            lock.acquire()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the sampling producer was shut down during a receive")
+            self._receiving = True
             try:
-                if self._closed:
-                    raise RuntimeError("the sampling producer was shut down during a receive")
-                r = read_id.value
-                if r < write_id.value and self._sem_value(self._read_sems[r % self._blocks]):
-                    return self._channel.recv(), []
-                events = poll(_RING_WAIT_MS)
+                header, words, sems, poll, recv = self._hot
+                r = header[_READ_BLOCK_ID]
+                sem = sems[r % len(sems)]
+                while True:
+                    # Each pass is one 1 ms wake, on cold caches: every bytecode here
+                    # costs measurable CPU per batch (docs/glt.md, "What it costs"), so
+                    # the test is two memory reads and the wait one poll() call.
+                    if header[_WRITE_BLOCK_ID] > r and words[sem]:
+                        return recv(), []
+                    if events := poll(_RING_WAIT_MS):
+                        if self._closed:
+                            raise RuntimeError(
+                                "the sampling producer was shut down during a receive"
+                            )
+                        if ended := self._exits.ended(events):
+                            return None, ended
             finally:
-                lock.release()
-            if events and (ended := self._exits.ended(events)):
-                return None, ended
+                self._receiving = False
+                if self._detach_on_return:
+                    self._detach()
 
     def stop(self) -> None:
         pass  # nothing runs between receives
 
     def close(self) -> bool:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._exits.close()
-                if self._addr is not None:
-                    _libc.shmdt(self._addr)
-                    self._addr = None
+        if not self._closed:
+            self._closed = True
+            os.write(self._wake_w, b"x")  # a receive waiting on another thread returns
+        with self._lock:  # acquired once that receive has returned, or on its own thread
+            if self._receiving:  # a signal handler interrupted the receive on this thread
+                self._detach_on_return = True
+            else:
+                self._detach()
         return True
+
+    def _detach(self) -> None:
+        """Unmap the segment and close the fds (once; only while no receive reads them)."""
+        addr, self._addr = self._addr, None
+        if addr is None:
+            return
+        self._header.release()
+        self._words.release()
+        _libc.shmdt(addr)
+        self._exits.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 def _check_layout(addr: int) -> int:
@@ -268,11 +326,13 @@ def _check_layout(addr: int) -> int:
     value = ctypes.c_int()
     for i in range(blocks):
         for sem in (_WRITE_SEM, _READ_SEM):
-            _libc.sem_getvalue(addr + _HEADER_SIZE + _BLOCK_SIZE * i + sem, ctypes.byref(value))
-            if value.value not in (0, 1):
+            sem_addr = addr + _HEADER_SIZE + _BLOCK_SIZE * i + sem
+            _libc.sem_getvalue(sem_addr, ctypes.byref(value))
+            word = ctypes.c_uint32.from_address(sem_addr).value
+            if value.value not in (0, 1) or word != value.value:
                 raise RingLayoutError(
-                    f"the channel's ring block {i} has a semaphore reading {value.value}; "
-                    "not graphlearn-torch 0.2.4's layout"
+                    f"the channel's ring block {i} has a semaphore reading {value.value} "
+                    f"(first word {word}); not graphlearn-torch 0.2.4's layout"
                 )
     return int(blocks)
 
