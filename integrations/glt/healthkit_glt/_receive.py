@@ -96,13 +96,11 @@ def _sem_value_word_works() -> bool:
     addr = ctypes.addressof(sem)
     if _libc.sem_init(addr, 1, 0) != 0:
         return False
-    value = ctypes.c_int()
     try:
         for expected in (0, 1, 2):
             if expected:
                 _libc.sem_post(addr)
-            _libc.sem_getvalue(addr, ctypes.byref(value))
-            if not sem[0] == value.value == expected:
+            if not _sem_word(addr) == _sem_getvalue(addr) == expected:
                 return False
         return True
     finally:
@@ -313,7 +311,8 @@ class RingReceiver:
 
 def _check_layout(addr: int) -> int:
     """The number of blocks of the ring at ``addr``, after checking that its header is GLT
-    0.2.4's layout: the offsets GLT wrote match ours, and every semaphore reads 0 or 1."""
+    0.2.4's layout: the offsets GLT wrote match ours, and every semaphore reads 0 or 1, in
+    its first word too."""
     head = (ctypes.c_size_t * 4).from_address(addr)
     blocks = head[_MAX_BLOCK_NUM]
     expected = (_HEADER_SIZE, _HEADER_SIZE + _BLOCK_SIZE * blocks)
@@ -323,18 +322,31 @@ def _check_layout(addr: int) -> int:
             "the channel's ring header is not graphlearn-torch 0.2.4's layout "
             f"({blocks} blocks, block table and data at {found}, expected {expected})"
         )
-    value = ctypes.c_int()
     for i in range(blocks):
         for sem in (_WRITE_SEM, _READ_SEM):
             sem_addr = addr + _HEADER_SIZE + _BLOCK_SIZE * i + sem
-            _libc.sem_getvalue(sem_addr, ctypes.byref(value))
-            word = ctypes.c_uint32.from_address(sem_addr).value
-            if value.value not in (0, 1) or word != value.value:
+            # Read between two sem_getvalue() calls: a writer may post in between.
+            before, word, after = (
+                _sem_getvalue(sem_addr),
+                _sem_word(sem_addr),
+                _sem_getvalue(sem_addr),
+            )
+            if not {before, after} <= {0, 1} or word not in (before, after):
                 raise RingLayoutError(
-                    f"the channel's ring block {i} has a semaphore reading {value.value} "
+                    f"the channel's ring block {i} has a semaphore reading {before} "
                     f"(first word {word}); not graphlearn-torch 0.2.4's layout"
                 )
     return int(blocks)
+
+
+def _sem_getvalue(addr: int) -> int:
+    value = ctypes.c_int()
+    _libc.sem_getvalue(addr, ctypes.byref(value))
+    return value.value
+
+
+def _sem_word(addr: int) -> int:
+    return ctypes.c_uint32.from_address(addr).value
 
 
 class ThreadReceiver:
