@@ -197,7 +197,9 @@ class raise_in_main_thread:
     (unlike ``_thread.interrupt_main``) interrupts a blocking system call such as a
     ``recv()``, so the main thread wakes up and the handler raises there. The handler is
     installed when the watchdog is armed (which must then happen in the main thread) and
-    the previous handler is restored on disarm.
+    the previous handler is restored on disarm. While armed, the signal still reaches the
+    application: a ``signum`` that healthkit did not send goes to the handler that was
+    installed before (or gets its default action).
     """
 
     def __init__(self, signum: int = signal.SIGUSR1) -> None:
@@ -224,9 +226,22 @@ class raise_in_main_thread:
     def _handler(self, signum: int, frame: object) -> None:
         event = self._event
         if event is None:
+            self._chain(signum, frame)  # not ours: the application's own use of the signal
             return
         self._event = None
         raise ProcessDiedError(event.message, event.diagnosis)
+
+    def _chain(self, signum: int, frame: object) -> None:
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            # What the signal would have done without us (SIGUSR1's default: terminate).
+            signal.signal(signum, signal.SIG_DFL)
+            try:
+                signal.raise_signal(signum)
+            finally:
+                signal.signal(signum, self._handler)
 
     def __call__(self, event: FailureEvent) -> None:
         self._event = event

@@ -18,7 +18,12 @@ from healthkit._evidence import (
     format_bytes,
     shm_usage,
 )
-from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
+from healthkit._watch import (
+    UNKNOWN_NOT_PERMITTED,
+    UNKNOWN_SIGCHLD_IGNORED,
+    ExitStatus,
+    ProcessWatch,
+)
 
 __all__ = ["Cause", "Diagnosis", "ExitDiagnoser"]
 
@@ -42,6 +47,7 @@ class Cause(enum.Enum):
     """The likely cause category of an exit."""
 
     CLEAN_EXIT = "clean exit"
+    EARLY_EXIT = "returned early"  # exit 0 of a process declared to run until disarmed
     ERROR_EXIT = "error exit"
     OOM_KILLED = "killed by the OOM killer"
     SIGKILL_UNCONFIRMED = "killed by SIGKILL (OOM unconfirmed)"
@@ -201,6 +207,17 @@ class ExitDiagnoser:
             return make(Cause.STILL_RUNNING, "is still running")
         rc = status.returncode
         if rc is None:
+            if status.source == UNKNOWN_SIGCHLD_IGNORED:
+                return make(
+                    Cause.UNKNOWN,
+                    "exited with an unknown status",
+                    "SIGCHLD is set to SIG_IGN in this process, so the kernel reaped it at "
+                    "once and discarded its exit status (multiprocessing and subprocess "
+                    "cannot read it either)",
+                    "Restore the default SIGCHLD disposition (signal.signal(signal.SIGCHLD, "
+                    "signal.SIG_DFL)) to get exit codes",
+                    evidence=(f"source: {status.source}",),
+                )
             if status.source == UNKNOWN_NOT_PERMITTED:
                 return make(
                     Cause.UNKNOWN,
@@ -387,3 +404,19 @@ class _Make(Protocol):
         evidence: tuple[str, ...] = (),
         sig: signal.Signals | None = None,
     ) -> Diagnosis: ...
+
+
+def returned_early(diagnosis: Diagnosis) -> Diagnosis:
+    """Reword an exit 0 of a process that was declared to run until disarmed.
+
+    Its own cause, counted as abnormal: an action that filters on ``abnormal`` must not
+    skip it, and the error file must not call it a clean exit.
+    """
+    return attrs.evolve(
+        diagnosis,
+        cause=Cause.EARLY_EXIT,
+        what="exited with code 0 while it was expected to run until disarmed",
+        likely="it returned early, so whoever depends on it will wait forever",
+        hint="Check its log for why it stopped; if finishing is normal for it, watch it "
+        "with run_until_disarmed=False",
+    )

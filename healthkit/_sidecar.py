@@ -7,14 +7,35 @@ the exit status from the zombie's ``/proc/<pid>/stat`` while the stuck owner has
 it), logs the diagnosis to the shared stderr, writes the torchelastic error file and then
 kills the owner (SIGTERM, SIGKILL after a grace period) so the launcher tears the job down.
 
-Protocol: JSON lines over a socketpair. Owner -> sidecar: ``config``, ``watch``, ``disarm``.
-Sidecar -> owner: ``ready``/``watching`` acknowledgements. The sidecar exits on ``disarm``,
-on EOF, and when the owner's pidfd says the owner died (EOF alone is not enough: forked
-children of the owner inherit its end of the socket).
+It decides with the same rule as the watcher thread (:func:`healthkit._decide.decide`) and
+acts only on what it knows:
+
+* a status it cannot read (the owner reaped the helper first, which is routine when the
+  owner ``join()``s) is taken from the owner, whose watcher thread reports every status it
+  learns; only when none comes is it "unknown", which fires for a process declared to run
+  until disarmed and never for one allowed to finish;
+* a stop-like death of a helper in the owner's process group waits up to ``stop_grace`` for
+  the owner's stop signal, read from the owner's signal wakeup pipe (the sidecar holds a copy
+  of its read end, so it learns of the stop even while the owner's main thread holds the GIL).
+
+Isolation: the sidecar runs as ``python -I``: neither the working directory, ``PYTHONPATH``
+nor the user site can put code into it (it runs as the owner's user, often root). healthkit
+itself is imported from the exact directory the owner imported it from, and attrs from the
+owner's copy if the isolated path lacks it.
+
+Signals: the sidecar ignores SIGINT, SIGTERM and SIGHUP. It is in the owner's process group,
+so a Ctrl-C or torchrun's group SIGTERM reaches it too, and it must keep watching while the
+owner cleans up. It exits on ``disarm``, on end-of-file and when the owner's pidfd says the
+owner died (end-of-file alone is not enough: forked children of the owner inherit its end of
+the socket).
+
+Protocol: JSON lines over a socketpair. Owner -> sidecar: ``config``, ``watch``, ``status``,
+``stopping``, ``disarm``. Sidecar -> owner: ``ready``/``watching`` acknowledgements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,117 +44,231 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
+from healthkit import _stopsignals
 from healthkit._actions import (
     FailureEvent,
     log_diagnosis,
     write_torchelastic_error_file,
 )
-from healthkit._diagnosis import ExitDiagnoser
+from healthkit._decide import Verdict, decide, stop_like
+from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
-from healthkit._watch import ExitStatus, ProcessWatch, read_proc_stat
+from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, read_proc_stat
 
-if TYPE_CHECKING:
-    from healthkit._watchdog import DisarmableWatchdog, _Entry
-
-__all__ = ["SidecarLink"]
+__all__ = ["SidecarError", "SidecarLink"]
 
 logger = logging.getLogger("healthkit")
 
-# "-c", not "-m healthkit._sidecar": runpy would warn that the module is already imported.
-_SIDECAR_MAIN = "import sys; from healthkit._sidecar import main; sys.exit(main(sys.argv))"
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# Isolated start: import this very healthkit package by path (nothing else from its parent
+# directory), and attrs from the owner's copy only when the isolated path has none.
+_SIDECAR_MAIN = """\
+import importlib.util, sys
+pkg, attrs_dir = sys.argv[1], sys.argv[2]
+try:
+    import attrs
+except ImportError:
+    sys.path.append(attrs_dir)
+spec = importlib.util.spec_from_file_location(
+    "healthkit", pkg + "/__init__.py", submodule_search_locations=[pkg])
+module = importlib.util.module_from_spec(spec)
+sys.modules["healthkit"] = module
+spec.loader.exec_module(module)
+from healthkit._sidecar import main
+sys.exit(main(sys.argv[3:]))
+"""
 _START_TIMEOUT_S = 30.0  # interpreter start-up on a loaded 2-core machine
+# How long the sidecar waits for the owner's word on a status it could not read itself.
+_OWNER_STATUS_WAIT_S = 2.0
 
 
 class SidecarError(HealthkitError, RuntimeError):
     """The sidecar watcher could not be started or stopped talking."""
 
 
-class SidecarLink:
-    """The owner's end: starts the sidecar and tells it what to watch."""
+def _attrs_dir() -> str:
+    import attrs
 
-    def __init__(self, watchdog: DisarmableWatchdog) -> None:
+    return os.path.dirname(os.path.dirname(os.path.abspath(attrs.__file__)))
+
+
+class SidecarLink:
+    """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clean_exit_policy: str,
+        kill_grace: float,
+        stop_grace: float,
+        stop_fd: int | None,
+    ) -> None:
         ours, theirs = socket.socketpair()
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (pkg_root, env.get("PYTHONPATH", "")) if p
-        )
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SIDECAR_MAIN, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-        theirs.close()
+        stop_copy = os.dup(stop_fd) if stop_fd is not None else None
+        pass_fds = [theirs.fileno()] + ([stop_copy] if stop_copy is not None else [])
+        try:
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable, "-I", "-c", _SIDECAR_MAIN, _PKG_DIR, _attrs_dir(),
+                    str(theirs.fileno()), str(stop_copy if stop_copy is not None else -1),
+                ],
+                pass_fds=pass_fds,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+            if stop_copy is not None:
+                os.close(stop_copy)
         self._sock = ours
         self._sock.settimeout(_START_TIMEOUT_S)
         self._buf = b""
+        self._lock = threading.Lock()
+        self._closed = False
         me = read_proc_stat(os.getpid())
         self._send(
             op="config",
             owner_pid=os.getpid(),
             owner_start_time=me.start_time if me else None,
-            name=watchdog.name,
-            clean_exit_policy=watchdog.clean_exit_policy,
-            kill_grace=watchdog.kill_grace,
+            owner_pgrp=os.getpgrp(),
+            name=name,
+            clean_exit_policy=clean_exit_policy,
+            kill_grace=kill_grace,
+            stop_grace=stop_grace,
         )
         self._expect("ready")
+        _stopsignals.add_listener(self._owner_stopping)
+        _stopsignals.add_source(self._poll_stopping)
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
-    def watch(self, entry: _Entry) -> None:
-        w = entry.watch
-        stat = read_proc_stat(w.pid)
-        self._send(
-            op="watch",
-            pid=w.pid,
-            name=w.name,
-            start_time=stat.start_time if stat else None,
-            run_until_disarmed=entry.run_until_disarmed,
-        )
-        self._expect("watching")
+    def process_watch(self) -> ProcessWatch:
+        """A watch on the sidecar itself, so the owner notices if it dies."""
+        return ProcessWatch(self._proc, name="healthkit sidecar")
+
+    def watch(
+        self,
+        *,
+        pid: int,
+        name: str,
+        run_until_disarmed: bool,
+        pgrp: int | None,
+        ended: bool,
+        returncode: int | None,
+    ) -> None:
+        """Watch ``pid``; ``ended``/``returncode``: what the owner already knows of it."""
+        stat = read_proc_stat(pid)
+        with self._lock:
+            self._send(
+                op="watch",
+                pid=pid,
+                name=name,
+                start_time=stat.start_time if stat else None,
+                run_until_disarmed=run_until_disarmed,
+                pgrp=pgrp,
+                ended=ended,
+                returncode=returncode,
+            )
+            self._expect("watching")
+
+    def status(self, pid: int, returncode: int | None) -> None:
+        """Tell the sidecar how ``pid`` ended, as far as the owner knows."""
+        with contextlib.suppress(OSError), self._lock:
+            self._send(op="status", pid=pid, returncode=returncode)
+
+    def _owner_stopping(self, sig: signal.Signals) -> None:
+        # May run in a signal handler: one small send, no lock (a unix socket delivers a
+        # small send whole), never block.
+        with contextlib.suppress(OSError):
+            self._sock.send(json.dumps({"op": "stopping", "signal": int(sig)}).encode() + b"\n")
+
+    def _poll_stopping(self) -> None:
+        """Read a ``stopping`` report the sidecar may have sent (it read the stop byte
+        first); never blocks, and leaves the socket to a request waiting for its answer."""
+        if self._closed or not self._lock.acquire(blocking=False):
+            return
+        timeout = self._sock.gettimeout()
+        self._sock.settimeout(0.0)  # with a timeout set, recv() would wait for data first
+        try:
+            while True:
+                try:
+                    chunk = self._sock.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    return
+                if not chunk:
+                    break
+                self._buf += chunk
+            self._take_stopping_lines()
+        finally:
+            self._sock.settimeout(timeout)
+            self._lock.release()
+
+    def _take_stopping_lines(self) -> None:
+        kept = []
+        *lines, rest = self._buf.split(b"\n")
+        for line in lines:
+            if line.startswith(b"stopping "):
+                _stopsignals.record(int(line.split()[1]))
+            else:
+                kept.append(line)
+        self._buf = b"".join(line + b"\n" for line in kept) + rest
 
     def wait_for_action(self, timeout: float) -> None:
         """Give the sidecar time to act on a death it is seeing (it will stop us)."""
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
 
     def disarm(self, timeout: float | None) -> None:
-        try:
+        with contextlib.suppress(OSError), self._lock:
             self._send(op="disarm")
-        except OSError:
-            pass
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        """Release the socket (the sidecar, if alive, exits on end-of-file) and reap it."""
+        _stopsignals.remove_listener(self._owner_stopping)
+        _stopsignals.remove_source(self._poll_stopping)
+        if self._closed:
+            return
+        self._closed = True
         self._sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(_START_TIMEOUT_S)
 
     def _send(self, **msg: Any) -> None:
         self._sock.sendall(json.dumps(msg).encode() + b"\n")
 
     def _expect(self, word: str) -> None:
+        self._take_stopping_lines()
         while b"\n" not in self._buf:
             try:
                 chunk = self._sock.recv(4096)
-            except TimeoutError:
+            except (TimeoutError, OSError):
                 chunk = b""
             if not chunk:
                 self._proc.kill()
                 self._proc.wait()
                 self._sock.close()
+                self._closed = True
                 raise SidecarError(
                     f"the healthkit sidecar (pid {self._proc.pid}) did not answer {word!r}; "
                     "its stderr above says why (is healthkit importable by sys.executable?)"
                 )
             self._buf += chunk
+            self._take_stopping_lines()
         line, _, self._buf = self._buf.partition(b"\n")
         if line.decode() != word:
             raise SidecarError(f"sidecar protocol error: expected {word!r}, got {line!r}")
@@ -150,62 +285,185 @@ def _kill_owner(owner_pidfd: int, grace: float) -> None:
     gone = bool(sel.select(grace))
     sel.close()
     if not gone:  # a SIGTERM handler that cannot run while the GIL is held
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(owner_pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
-def _open_watch(pid: int, name: str, start_time: int | None) -> ProcessWatch | ExitStatus:
-    """A watch on the owner's process, or its status if it is already gone or replaced."""
-    try:
-        watch = ProcessWatch(pid, name=name)
-    except NoSuchProcessError:
-        return ExitStatus(None, "unknown: gone before the sidecar could watch it")
-    stat = read_proc_stat(pid)
-    if start_time is not None and (stat is None or stat.start_time != start_time):
-        watch.close()  # the pid now names another process: ours died already
-        return ExitStatus(None, "unknown: gone before the sidecar could watch it")
-    return watch
+class _Watched:
+    def __init__(
+        self, watch: ProcessWatch | None, msg: dict[str, Any], status: ExitStatus | None
+    ) -> None:
+        self.watch = watch
+        self.pid: int = msg["pid"]
+        self.name: str = msg["name"]
+        self.run_until_disarmed = bool(msg["run_until_disarmed"])
+        self.pgrp: int | None = msg.get("pgrp")
+        self.status = status  # known before watching (ended, or gone already)
 
 
-def main(argv: list[str]) -> int:
-    from healthkit._watchdog import Verdict, decide
+class _Sidecar:
+    def __init__(self, sock: socket.socket, stop_fd: int | None) -> None:
+        self.sock = sock
+        self.stop_fd = stop_fd
+        self.buf = b""
+        self.stopping = False
+        self.done = False  # disarmed, end-of-file or owner gone
+        self.owner_status: dict[int, int | None] = {}
+        self.watched: dict[int, _Watched] = {}  # fd -> entry
+        self.config: dict[str, Any] = {}
+        self.sel = selectors.DefaultSelector()
+        self.diagnoser: ExitDiagnoser | None = None
+        self.owner_pidfd = -1
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the owner to handle
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s healthkit sidecar: %(message)s",
-    )
-    sock = socket.socket(fileno=int(argv[1]))
-    buf = b""
-
-    def read_messages() -> list[dict[str, Any]] | None:
-        nonlocal buf
-        chunk = sock.recv(65536)
+    # ---- messages
+    def read_messages(self) -> list[dict[str, Any]] | None:
+        chunk = self.sock.recv(65536)
         if not chunk:
             return None
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
         return [json.loads(line) for line in lines if line]
 
-    config: dict[str, Any] | None = None
-    while config is None:
-        msgs = read_messages()
-        if msgs is None:
-            return 0
-        config = msgs[0]
-    owner_pidfd = os.pidfd_open(config["owner_pid"])
-    diagnoser = ExitDiagnoser()
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ, "control")
-    sel.register(owner_pidfd, selectors.EVENT_READ, "owner")
-    sock.sendall(b"ready\n")
-    entries: dict[int, tuple[ProcessWatch, bool]] = {}
+    def pump(self, until: Callable[[], bool], timeout: float) -> None:
+        """Handle control messages and stop bytes (not deaths) until ``until()`` or timeout."""
+        deadline = time.monotonic() + timeout
+        while not until() and not self.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for key, _ in self.sel.select(remaining):
+                if key.data in ("owner", "control", "stop"):
+                    self.handle(key)
 
-    def fire(watch_or_status: ProcessWatch | ExitStatus, name: str, pid: int) -> int:
-        diagnosis = diagnoser.diagnose(watch_or_status, name=name, pid=pid)
+    def handle(self, key: selectors.SelectorKey) -> int | None:
+        """One ready fd. Returns an exit code when the sidecar should end."""
+        if key.data == "owner":
+            self.done = True  # the owner is gone: nothing left to protect
+            return 0
+        if key.data == "stop":
+            self.drain_stop()
+            return None
+        if key.data == "control":
+            msgs = self.read_messages()
+            if msgs is None:
+                self.done = True
+                return 0
+            for msg in msgs:
+                code = self.on_message(msg)
+                if code is not None:
+                    return code
+            return None
+        return self.on_death(self.watched[key.fd])
+
+    def drain_stop(self) -> None:
+        assert self.stop_fd is not None
+        while True:
+            try:
+                data = os.read(self.stop_fd, 4096)
+            except OSError:
+                return
+            if not data:
+                self.sel.unregister(self.stop_fd)
+                self.stop_fd = None
+                return
+            stops = [b for b in data if b in _stopsignals.STOP_SIGNALS]
+            if stops and not self.stopping:
+                self.stopping = True
+                # The owner may not have read it (we took the byte): tell it.
+                with contextlib.suppress(OSError):
+                    self.sock.sendall(b"stopping %d\n" % stops[0])
+
+    def on_message(self, msg: dict[str, Any]) -> int | None:
+        op = msg["op"]
+        if op == "disarm":
+            self.done = True
+            return 0
+        if op == "stopping":
+            self.stopping = True
+        elif op == "status":
+            self.owner_status[msg["pid"]] = msg["returncode"]
+        elif op == "watch":
+            entry = self.open(msg)
+            self.sock.sendall(b"watching\n")
+            if entry.watch is None:
+                return self.on_death(entry)
+        return None
+
+    def open(self, msg: dict[str, Any]) -> _Watched:
+        if msg["ended"]:
+            return _Watched(None, msg, ExitStatus(msg["returncode"], "owner"))
+        pid = msg["pid"]
+        try:
+            watch = ProcessWatch(pid, name=msg["name"])
+        except NoSuchProcessError:
+            return _Watched(None, msg, None)  # gone already: the owner will say how
+        stat = read_proc_stat(pid)
+        start_time = msg["start_time"]
+        if start_time is not None and (stat is None or stat.start_time != start_time):
+            watch.close()  # the pid now names another process: ours died already
+            return _Watched(None, msg, None)
+        entry = _Watched(watch, msg, None)
+        self.watched[watch.fileno()] = entry
+        self.sel.register(watch.fileno(), selectors.EVENT_READ, "watch")
+        return entry
+
+    # ---- deciding
+    def on_death(self, entry: _Watched) -> int | None:
+        status = entry.status
+        if entry.watch is not None:
+            status = entry.watch.poll()
+            self.sel.unregister(entry.watch.fileno())
+            del self.watched[entry.watch.fileno()]
+        if status is None or (
+            status.returncode is None and status.source != UNKNOWN_NOT_PERMITTED
+        ):
+            # The owner reaped it before we could read the zombie: its watcher thread
+            # tells us what it learned (unless its GIL is held, and then it cannot reap).
+            pid = entry.pid
+            self.pump(lambda: pid in self.owner_status, _OWNER_STATUS_WAIT_S)
+            if self.owner_status.get(pid) is not None:
+                status = ExitStatus(self.owner_status[pid], "owner")
+            elif status is None:
+                status = ExitStatus(None, "unknown: gone before the sidecar could read it")
+        if self.done:
+            return 0
+        verdict = self.verdict(entry, status)
+        same_group = entry.pgrp is None or entry.pgrp == self.config.get("owner_pgrp")
+        if verdict in (Verdict.FIRE, Verdict.WARN) and same_group and stop_like(status):
+            self.pump(lambda: self.stopping, float(self.config["stop_grace"]))
+            if self.done:
+                return 0
+            verdict = self.verdict(entry, status)
+        if verdict is Verdict.FIRE:
+            return self.fire(entry, status)
+        if verdict is Verdict.WARN:
+            assert self.diagnoser is not None
+            logger.warning(
+                "%s; not acting on it",
+                self.diagnoser.diagnose(status, name=entry.name, pid=entry.pid),
+            )
+        if entry.watch is not None:
+            entry.watch.close()
+        return None
+
+    def verdict(self, entry: _Watched, status: ExitStatus) -> Verdict:
+        return decide(
+            status,
+            armed=True,
+            run_until_disarmed=entry.run_until_disarmed,
+            clean_exit_policy=self.config["clean_exit_policy"],
+            owner_stopping=self.stopping,
+        )
+
+    def fire(self, entry: _Watched, status: ExitStatus) -> int:
+        assert self.diagnoser is not None
+        config = self.config
+        subject: ProcessWatch | ExitStatus = (
+            entry.watch if entry.watch is not None and status.source != "owner" else status
+        )
+        diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid)
+        if diagnosis.exit_code == 0 and entry.run_until_disarmed:
+            diagnosis = returned_early(diagnosis)
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
         for action in (log_diagnosis(), write_torchelastic_error_file()):
             try:
@@ -216,51 +474,47 @@ def main(argv: list[str]) -> int:
             "stopping the owner (pid %d) so the launcher tears the job down",
             config["owner_pid"],
         )
-        _kill_owner(owner_pidfd, float(config["kill_grace"]))
+        _kill_owner(self.owner_pidfd, float(config["kill_grace"]))
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
         # stop the other processes it asked us to watch, as its normal exit would have.
-        for other, _ in entries.values():
-            other.terminate()
+        for other in self.watched.values():
+            if other.watch is not None:
+                other.watch.terminate()
         return 0
 
-    while True:
-        for key, _ in sel.select():
-            if key.data == "owner":
-                return 0  # the owner is gone: nothing left to protect
-            if key.data == "control":
-                msgs = read_messages()
-                if msgs is None:
-                    return 0
-                for msg in msgs:
-                    if msg["op"] == "disarm":
-                        return 0
-                    if msg["op"] == "watch":
-                        opened = _open_watch(msg["pid"], msg["name"], msg["start_time"])
-                        sock.sendall(b"watching\n")
-                        if isinstance(opened, ExitStatus):
-                            return fire(opened, msg["name"], msg["pid"])
-                        entries[opened.fileno()] = (opened, bool(msg["run_until_disarmed"]))
-                        sel.register(opened.fileno(), selectors.EVENT_READ, "watch")
-                continue
-            watch, until_disarmed = entries[key.fd]
-            verdict = decide(
-                watch.poll(),
-                armed=True,
-                run_until_disarmed=until_disarmed,
-                clean_exit_policy=config["clean_exit_policy"],
-            )
-            if verdict is Verdict.FIRE:
-                return fire(watch, watch.name, watch.pid)
-            if verdict in (Verdict.IGNORE, Verdict.WARN):
-                if verdict is Verdict.WARN:
-                    logger.warning(
-                        "%s, although it was declared to run until disarmed",
-                        diagnoser.diagnose(watch),
-                    )
-                sel.unregister(key.fd)
-                del entries[key.fd]
-                watch.close()
+    # ---- main loop
+    def run(self) -> int:
+        while not self.config:
+            msgs = self.read_messages()
+            if msgs is None:
+                return 0
+            self.config = msgs[0]
+        try:
+            self.owner_pidfd = os.pidfd_open(self.config["owner_pid"])
+        except ProcessLookupError:
+            return 0
+        self.diagnoser = ExitDiagnoser()
+        self.sel.register(self.sock, selectors.EVENT_READ, "control")
+        self.sel.register(self.owner_pidfd, selectors.EVENT_READ, "owner")
+        if self.stop_fd is not None:
+            os.set_blocking(self.stop_fd, False)
+            self.sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
+        self.sock.sendall(b"ready\n")
+        while True:
+            for key, _ in self.sel.select():
+                code = self.handle(key)
+                if code is not None or self.done:
+                    return code or 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def main(argv: list[str]) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # group stops are for the owner to handle
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s healthkit sidecar: %(message)s",
+    )
+    sock = socket.socket(fileno=int(argv[0]))
+    stop_fd = int(argv[1])
+    return _Sidecar(sock, stop_fd if stop_fd >= 0 else None).run()

@@ -3,9 +3,18 @@
 Mechanism (Linux fast path): a pidfd opened at construction. It becomes readable when the
 process has exited (it is a zombie by then), it pins the process identity so a recycled pid
 cannot fool us, and it works for processes that are not our children. For children the exit
-status is *peeked* with ``waitid(P_PIDFD, ..., WNOWAIT)`` before the owning object
-(``multiprocessing.Process`` / ``subprocess.Popen``) reaps, so there is no window where the
+status is *peeked* with ``waitid(P_PIDFD, ..., WNOWAIT)``, so there is no window where the
 process is known dead but its exit code is not.
+
+Watching never changes what ``multiprocessing`` or ``subprocess`` report. A watch never reaps:
+the zombie stays for its owner (``Process.join()``, ``Popen.wait()``, ``os.waitpid``), whose
+answer stays authoritative; reaping it ourselves would race the owner's own ``waitpid`` and,
+for a bare pid, make ``Popen.wait()`` report 0. The owner objects are only read passively
+(their ``returncode`` attribute), never polled, with one exception: a ``forkserver`` Process is
+not our child and its exit code arrives over its sentinel pipe, which only one reader may
+consume. Its ``poll()`` is serialised (see :func:`_serialize_forkserver_poll`) so that our read
+and the owner's own ``join()`` in another thread can no longer race for it (the loser of that
+race, in the standard library alone, reads 255).
 
 Fallback (no pidfd): ``Process.sentinel``. The sentinel is a pipe that closes while the child
 exits, *before* the kernel has made it a zombie, so ``waitpid(WNOHANG)`` can still answer
@@ -24,7 +33,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Final
 
@@ -89,6 +99,7 @@ class ProcStat:
     comm: str
     state: str
     ppid: int
+    pgrp: int
     start_time: int
     exit_status: int | None  # raw wait status (field 52), meaningful for a zombie
 
@@ -111,6 +122,7 @@ def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
         comm=comm,
         state=fields[0],
         ppid=int(fields[1]),
+        pgrp=int(fields[2]),
         start_time=int(fields[19]),
         exit_status=exit_status,
     )
@@ -125,6 +137,63 @@ def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
 _CAP_SYS_PTRACE: Final = 19
 #: ``ExitStatus.source`` when a non-child's zombie hides its exit code from us.
 UNKNOWN_NOT_PERMITTED: Final = "unknown: not permitted to read another user's exit status"
+#: ``ExitStatus.source`` when the kernel discarded a child's status (SIGCHLD ignored).
+UNKNOWN_SIGCHLD_IGNORED: Final = "unknown: SIGCHLD is ignored in this process"
+
+
+def sigchld_ignored() -> bool:
+    """Whether SIGCHLD is set to ``SIG_IGN`` here: children are then reaped by the kernel
+    the moment they exit and their exit status is thrown away, for us and for
+    ``multiprocessing``/``subprocess`` alike."""
+    try:
+        return signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+    except (ValueError, OSError):
+        return False
+
+
+def _is_forkserver(process: BaseProcess) -> bool:
+    popen = getattr(process, "_popen", None)
+    return type(popen).__module__ == "multiprocessing.popen_forkserver"
+
+
+def _serialize_forkserver_poll(process: BaseProcess) -> None:
+    """Make ``poll()`` of a forkserver Process's Popen safe to call from several threads.
+
+    The forkserver sends a dead child's exit code over the Process's sentinel pipe, and
+    ``popen_forkserver.Popen.poll`` reads it there: when two threads poll at once (a user's
+    ``join()`` and our watcher), one reads the code and the other reads end-of-file and sets
+    ``returncode = 255`` (seen in 5 of 100 runs). A per-object lock around the read makes the
+    second caller find the code the first one read. The blocking wait for the pipe happens
+    outside the lock, as before, so a blocking ``join()`` never holds up a poll.
+    """
+    popen = getattr(process, "_popen", None)
+    if popen is None or getattr(popen, "_healthkit_poll_lock", None) is not None:
+        return
+    if not _is_forkserver(process):
+        return  # fork/spawn children are never polled by us: waitid(WNOWAIT) peeks instead
+    original = type(popen).poll
+    lock = threading.Lock()
+    # Weakly: a closure holding the Popen would make a cycle, and the Popen's sentinel fd
+    # is closed by a finalizer that runs when the Popen is freed, not at the next gc pass.
+    ref = weakref.ref(popen)
+
+    def poll(flag: int = os.WNOHANG) -> int | None:
+        target = ref()
+        if target is None:
+            return None
+        if target.returncode is not None:
+            return target.returncode  # type: ignore[no-any-return]
+        if flag != os.WNOHANG:
+            from multiprocessing.connection import wait
+
+            wait([target.sentinel])
+        with lock:
+            if target.returncode is not None:
+                return target.returncode
+            return original(target, os.WNOHANG)  # type: ignore[no-any-return]
+
+    popen._healthkit_poll_lock = lock
+    popen.poll = poll
 
 
 def _status_ids(path: str) -> tuple[list[int], list[int], int] | None:
@@ -177,9 +246,10 @@ class ProcessWatch:
 
     Build it from a started ``multiprocessing.Process`` (``torch.multiprocessing`` too), a
     ``subprocess.Popen`` or a bare pid. ``fileno()`` is readable once the process has exited,
-    so many watches can be waited on from one thread (see :class:`WatchSet`). Where this
-    process is the parent it also reaps the child, through the owning object so that
-    ``Process.exitcode`` / ``Popen.returncode`` stay consistent and no zombie is left.
+    so many watches can be waited on from one thread (see :class:`WatchSet`). It never
+    reaps: an ended child stays a zombie until its owner collects it (``join()``,
+    ``wait()``, ``os.waitpid``), so ``Process.exitcode`` and ``Popen.returncode`` stay
+    exactly what they would be without the watch.
     """
 
     def __init__(
@@ -202,6 +272,9 @@ class ProcessWatch:
         self._exit_code_readable = True
         self._peak_rss: int | None = None
         self.is_child = True
+        #: The process group the process was in when the watch was made (``None`` if
+        #: unknown): a helper in its owner's group receives the owner's group signals.
+        self.pgrp: int | None = None
 
         if isinstance(target, BaseProcess):
             if target.pid is None:
@@ -211,6 +284,7 @@ class ProcessWatch:
             self._process = target
             pid = target.pid
             default_name = target.name
+            _serialize_forkserver_poll(target)
         elif isinstance(target, subprocess.Popen):
             self._popen = target
             pid = target.pid
@@ -300,6 +374,7 @@ class ProcessWatch:
         except PermissionError:
             pass  # it exists; we may just not signal it
         self._start_time = stat.start_time if stat is not None else None
+        self.pgrp = stat.pgrp if stat is not None else None
         return True
 
     # ------------------------------------------------------------------ public API
@@ -381,7 +456,7 @@ class ProcessWatch:
                 info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 info = None
-            if info is None:  # reaped by the owner object from another thread
+            if info is None:  # reaped by its owner from another thread
                 code = self._wait_owner_returncode()
                 return None if code is None else ExitStatus(code, "owner")
             return _status_from_siginfo(info, "waitid")
@@ -470,21 +545,36 @@ class ProcessWatch:
 
     # ------------------------------------------------------------------ collection
     def _owner_returncode(self) -> int | None:
+        """What the owner object already knows, read without polling (which could reap)."""
         if self._process is not None:
-            code = self._process.exitcode  # may reap it
-            if code is not None:
-                # Reaping through ``exitcode`` alone leaves the Process in multiprocessing's
-                # child list (and its Popen's pipe fds open) until the next start();
-                # join() on an ended process returns at once and drops it.
-                with contextlib.suppress(AssertionError, ValueError):
-                    self._process.join(0)
-            return code
+            popen = getattr(self._process, "_popen", None)
+            code = getattr(popen, "returncode", None)
+            return code if isinstance(code, int) else None
         if self._popen is not None:
             return self._popen.returncode
         return None
 
+    def _ask_forkserver(self) -> None:
+        """Read a forkserver child's code from its sentinel pipe, through its own (serialised)
+        ``Popen.wait`` rather than ``Process.join``, which would also drop it from
+        multiprocessing's child list: that is for the owner's ``join()`` to do."""
+        popen = getattr(self._process, "_popen", None)
+        if popen is not None:
+            with contextlib.suppress(OSError, ValueError):
+                popen.wait(_OWNER_HANDOFF_S)
+
     def _wait_owner_returncode(self) -> int | None:
-        """Another thread reaped the child; give it a moment to publish the code."""
+        """Someone else reaped the child; give its owner a moment to publish the code.
+
+        Not when SIGCHLD is ignored: the kernel then reaps children itself and discards
+        their status, so nobody will ever publish one.
+        """
+        if sigchld_ignored():
+            return None
+        if self._process is not None and _is_forkserver(self._process):
+            # Nobody else may ever ask: the code waits in the sentinel pipe until read.
+            self._ask_forkserver()
+            return self._owner_returncode()
         deadline = time.monotonic() + _REAPER_HANDOFF_S
         while True:
             code = self._owner_returncode()
@@ -509,7 +599,7 @@ class ProcessWatch:
             # the exit code from the forkserver over a pipe: ask it too (authoritative).
             status = self._status_from_zombie()
             if self._process is not None:
-                self._process.join(_OWNER_HANDOFF_S)
+                self._ask_forkserver()
                 code = self._owner_returncode()
                 if code is not None:
                     return ExitStatus(code, "multiprocessing", core_dumped=status.core_dumped)
@@ -520,21 +610,10 @@ class ProcessWatch:
             info = None  # reaped under us by another thread (e.g. Process.is_alive())
         if info is None:
             code = self._wait_owner_returncode()
-            return ExitStatus(code, "owner" if code is not None else "unknown")
-        status = _status_from_siginfo(info, "waitid")
-        self._reap()
-        return status
-
-    def _reap(self) -> None:
-        """Reap through the owner so its own bookkeeping (exitcode, returncode) is right."""
-        if self._process is not None:
-            self._process.join()  # already exited: returns at once
-        elif self._popen is not None:
-            self._popen.wait()
-        else:
-            assert self._pidfd is not None
-            with contextlib.suppress(ChildProcessError):
-                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+            if code is not None:
+                return ExitStatus(code, "owner")
+            return ExitStatus(None, UNKNOWN_SIGCHLD_IGNORED if sigchld_ignored() else "unknown")
+        return _status_from_siginfo(info, "waitid")  # the zombie stays for its owner
 
     def _status_from_zombie(self) -> ExitStatus:
         if not self._exit_code_readable:
@@ -555,11 +634,18 @@ class ProcessWatch:
 
     def _collect_sentinel(self) -> ExitStatus:
         assert self._process is not None
-        # The sentinel closes before the child is a zombie; a blocking join on an exiting
-        # process is bounded by the kernel finishing exit(), so bound it generously.
+        # No pidfd (old kernel): the sentinel closes before the child is a zombie, and the
+        # only way to read the status is the owner's own poll. A blocking join on an
+        # exiting process is bounded by the kernel finishing exit(), so bound it generously.
         self._process.join(_REAPER_HANDOFF_S)
         code = self._owner_returncode()
         return ExitStatus(code, "multiprocessing" if code is not None else "unknown")
+
+
+@attrs.frozen
+class _PlainFd:
+    fd: int
+    on_ready: Callable[[], None]
 
 
 class WatchSet:
@@ -580,6 +666,7 @@ class WatchSet:
         # signal handler that interrupted this same thread while it held the lock.
         self._wake_lock = threading.RLock()
         self._watches: dict[int, tuple[ProcessWatch, int]] = {}  # id(watch) -> (watch, fd)
+        self._plain: dict[int, _PlainFd] = {}  # fd -> callback holder
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -609,6 +696,33 @@ class WatchSet:
             self._watches[id(watch)] = (watch, fd)
             if self._waiters:
                 self._poke()  # selectors other than epoll only see new fds on the next call
+
+    def add_fd(self, fd: int, on_ready: Callable[[], None]) -> None:
+        """Also wait on a plain fd (a wake-up or readiness pipe, a socket).
+
+        Whenever ``fd`` is readable, :meth:`wait` calls ``on_ready()`` in the waiting thread
+        and goes on waiting; ``on_ready`` must consume what made the fd readable (the
+        readiness is level-triggered) and may call :meth:`wake` to make :meth:`wait` return.
+        The fd stays the caller's: :meth:`close` does not close it.
+        """
+        with self._lock:
+            self._check_open()
+            if fd in self._plain:
+                raise ValueError(f"fd {fd} is already in this WatchSet")
+            holder = _PlainFd(fd, on_ready)
+            self._selector.register(fd, selectors.EVENT_READ, holder)
+            self._plain[fd] = holder
+            if self._waiters:
+                self._poke()
+
+    def remove_fd(self, fd: int) -> None:
+        """Stop waiting on a plain fd added with :meth:`add_fd` (no error if absent)."""
+        with self._lock:
+            if self._closed or self._plain.pop(fd, None) is None:
+                return
+            self._selector.unregister(fd)
+            if self._waiters:
+                self._poke()
 
     def remove(self, watch: ProcessWatch) -> None:
         """Stop waiting on ``watch`` (no error if it is not in the set)."""
@@ -667,6 +781,10 @@ class WatchSet:
                     if key.data is None:
                         self._drain_wake()
                         continue
+                    if isinstance(key.data, _PlainFd):
+                        if self._plain.get(key.fd) is key.data:
+                            key.data.on_ready()
+                        continue
                     watch = key.data
                     entry = self._watches.get(id(watch))
                     if entry is None or entry[0] is not watch or watch.closed:
@@ -699,6 +817,7 @@ class WatchSet:
                 return
             self._closed = True
             self._watches.clear()
+            self._plain.clear()
             if self._waiters:
                 self._poke()  # the last waiter to leave releases
             else:

@@ -2,76 +2,47 @@
 teardown.
 
 Shutdown ordering (the false-positive path). At normal interpreter exit CPython runs, in
-order: (1) callbacks registered with ``threading._register_atexit`` (while joining
-non-daemon threads), (2) ``atexit`` hooks, LIFO, among them ``multiprocessing.util``'s
+order: (1) callbacks registered with ``threading._register_atexit``, (2) the join of every
+non-daemon thread, (3) ``atexit`` hooks, LIFO, among them ``multiprocessing.util``'s
 ``_exit_function`` which SIGTERMs daemon children. ``log_to_stderr()`` re-registers that
-hook, so ordering by ``atexit`` registration alone breaks if a user calls it after arming.
-Disarming from step (1) is before every ``atexit`` hook, whatever was registered when.
-The hook is installed lazily on the first ``arm()``, not at import.
+hook, so ordering by ``atexit`` registration made at arm time breaks if a user calls it
+after arming. So step (1) only registers the disarm as an ``atexit`` hook: registered then,
+it is the newest hook and runs first in step (3), before any teardown of daemon children,
+and the watchdog still watches while non-daemon threads finish in step (2) (a helper death
+then would otherwise hang that join). The hook is installed lazily on the first ``arm()``.
+
+Stops are not failures: see :mod:`healthkit._stopsignals` for how a signal sent to the
+whole process group (torchrun, Ctrl-C) is told apart from a helper failure.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
+import select
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import attrs
 
+from healthkit import _stopsignals
 from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._decide import CleanExitPolicy, Verdict, decide, stop_like
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early
 from healthkit._errors import check_timeout
+from healthkit._sidecar import SidecarLink
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
-
-if TYPE_CHECKING:
-    from healthkit._sidecar import SidecarLink
 
 __all__ = ["DisarmableWatchdog", "Verdict", "decide"]
 
 logger = logging.getLogger("healthkit")
 
 Target = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
-CleanExitPolicy = Literal["fail", "warn"]
-
-
-class Verdict(enum.Enum):
-    """What the watchdog does about one observation."""
-
-    KEEP_WATCHING = "keep watching"  # still running
-    IGNORE = "ignore"  # disarmed, or an exit that is allowed
-    WARN = "warn"  # early clean exit under the "warn" policy
-    FIRE = "fire"  # run the actions
-
-
-def decide(
-    status: ExitStatus | None,
-    *,
-    armed: bool,
-    run_until_disarmed: bool,
-    clean_exit_policy: CleanExitPolicy = "fail",
-) -> Verdict:
-    """The whole firing decision, as a pure function (tested branch by branch).
-
-    - alive: keep watching;
-    - any exit after disarm: ignore (teardown SIGTERMs are not crashes);
-    - non-zero or signal exit while armed: fire;
-    - exit 0 while armed: fine for a process allowed to finish; for one declared to run
-      until disarmed, an early return leaves its clients waiting, so fire (or warn).
-    """
-    if status is None:
-        return Verdict.KEEP_WATCHING
-    if not armed:
-        return Verdict.IGNORE
-    if status.returncode != 0:
-        return Verdict.FIRE
-    if not run_until_disarmed:
-        return Verdict.IGNORE
-    return Verdict.FIRE if clean_exit_policy == "fail" else Verdict.WARN
 
 
 @attrs.define(eq=False)
@@ -86,6 +57,17 @@ class _Entry:
 _ARMED: set[DisarmableWatchdog] = set()
 _hooks_installed = False
 _hooks_lock = threading.Lock()
+
+
+def _at_threading_shutdown() -> None:
+    """Step (1) of interpreter exit: keep watching through the join of non-daemon threads,
+    and disarm from the newest ``atexit`` hook, before multiprocessing's own."""
+    import atexit
+
+    try:
+        atexit.register(_disarm_all_at_shutdown)
+    except Exception:  # atexit already running: disarm now rather than never
+        _disarm_all_at_shutdown()
 
 
 def _disarm_all_at_shutdown() -> None:
@@ -110,7 +92,7 @@ def _install_hooks() -> None:
             return
         register = getattr(threading, "_register_atexit", None)
         if register is not None:
-            register(_disarm_all_at_shutdown)
+            register(_at_threading_shutdown)
         else:  # pragma: no cover - CPython < 3.9
             import atexit
 
@@ -126,8 +108,16 @@ class DisarmableWatchdog:
     ``mode="thread"`` watches from one daemon thread blocked on the processes' pidfds.
     ``mode="sidecar"`` watches from a small separate process, for owners whose main thread
     may sit in native code holding the GIL (a thread cannot run then; a process can). The
-    sidecar logs, writes the torchelastic error file and then kills the stuck owner so the
-    launcher tears the job down; it runs no Python callbacks of the owner.
+    sidecar logs, writes the torchelastic error file and then stops the stuck owner (SIGTERM,
+    then SIGKILL after ``kill_grace``) so the launcher tears the job down; it runs no Python
+    callbacks of the owner, so ``exit_code`` applies to thread mode only. A thread in the
+    owner still tells the sidecar the exit statuses it learns and, if the sidecar dies,
+    logs it at ERROR and takes over the watching.
+
+    A helper that dies of a stop signal (SIGTERM, SIGINT, SIGHUP), or exits with any code,
+    while in this process's group may be part of a stop sent to the whole group (torchrun,
+    Ctrl-C): such a death fires only if this process has not been asked to stop within
+    ``stop_grace`` seconds. SIGKILL and crash signals fire at once.
     """
 
     def __init__(
@@ -142,6 +132,7 @@ class DisarmableWatchdog:
         exit_code: int = 1,
         kill_grace: float = 2.0,
         rss_sample_interval: float | None = None,
+        stop_grace: float = 1.0,
     ) -> None:
         if mode not in ("thread", "sidecar"):
             raise ValueError(f"mode must be 'thread' or 'sidecar', got {mode!r}")
@@ -163,13 +154,17 @@ class DisarmableWatchdog:
         assert grace is not None
         self.kill_grace: float = grace
         self.rss_sample_interval = check_timeout(rss_sample_interval, "rss_sample_interval")
+        stop = check_timeout(stop_grace, "stop_grace", allow_none=False)
+        assert stop is not None
+        self.stop_grace: float = stop
         self.actions: list[Action] = list(actions) if actions is not None else default_actions(
             exit_code
         )
         self._diagnoser = diagnoser
         self._owns_diagnoser = False
         self._lock = threading.RLock()
-        self._entries: list[_Entry] = []
+        self._entries: dict[int, _Entry] = {}  # id(watch) -> entry, in insertion order
+        self._by_pid: dict[int, _Entry] = {}  # pid -> the entry of a still-running watch
         self._armed = False
         self._inert = False
         self._fired: Diagnosis | None = None
@@ -178,6 +173,7 @@ class DisarmableWatchdog:
         self._thread: threading.Thread | None = None
         self._set: WatchSet | None = None
         self._sidecar: SidecarLink | None = None
+        self._sidecar_watch: ProcessWatch | None = None
         for target in watches:
             self.watch(target)
 
@@ -198,7 +194,17 @@ class DisarmableWatchdog:
 
     @property
     def watches(self) -> list[ProcessWatch]:
-        return [e.watch for e in self._entries]
+        return [e.watch for e in self._entries.values()]
+
+    @staticmethod
+    def note_stop(signum: int = signal.SIGTERM) -> None:
+        """Tell every watchdog of this process that it is being stopped.
+
+        Needed only from a signal handler healthkit cannot observe: one installed in C, or
+        an asyncio ``loop.add_signal_handler`` set up after ``arm()`` (it takes over the
+        signal wakeup fd). Handlers installed with ``signal.signal`` need nothing.
+        """
+        _stopsignals.note_stop(signum)
 
     def watch(
         self, target: Target, *, name: str | None = None, run_until_disarmed: bool = True
@@ -208,18 +214,19 @@ class DisarmableWatchdog:
         Watching the same process twice returns the existing watch."""
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
-            for e in self._entries:
-                if e.watch.pid == pid and e.watch.status is None:
-                    return e.watch
+            known = self._by_pid.get(pid) if pid is not None else None
+            if known is not None and known.watch.status is None:
+                return known.watch
             owned = not isinstance(target, ProcessWatch)
             watch = target if isinstance(target, ProcessWatch) else ProcessWatch(target, name=name)
             entry = _Entry(watch, run_until_disarmed, owned)
-            self._entries.append(entry)
+            self._entries[id(watch)] = entry
+            self._by_pid[watch.pid] = entry
             if self._armed and not self._inert:
+                if self._sidecar is not None:
+                    self._tell_sidecar(self._sidecar, entry)
                 if self._set is not None:
                     self._set.add(watch)
-                if self._sidecar is not None:
-                    self._sidecar.watch(entry)
             return watch
 
     def arm(self) -> DisarmableWatchdog:
@@ -234,24 +241,43 @@ class DisarmableWatchdog:
                 self._diagnoser = ExitDiagnoser()  # baselines now: "during this run"
                 self._owns_diagnoser = True
             _install_hooks()
+            if not _stopsignals.install():
+                logger.warning(
+                    "%s armed outside the main thread before any watchdog was armed in it: "
+                    "a stop signal sent to the whole process group (torchrun, Ctrl-C) cannot "
+                    "be told apart from a helper failure. Arm one watchdog from the main "
+                    "thread first",
+                    self.name,
+                )
             for action in self.actions:
                 prepare = getattr(action, "prepare", None)
                 if prepare is not None:
                     prepare()
             self._armed = True
             _ARMED.add(self)
-            if self.mode == "thread":
-                self._set = WatchSet(e.watch for e in self._entries)
-                self._thread = threading.Thread(
-                    target=self._run, name=f"{self.name} (thread)", daemon=True
+            watch_set = WatchSet(e.watch for e in self._entries.values())
+            stop_fd = _stopsignals.read_fd()
+            if self.mode == "sidecar":
+                link = SidecarLink(
+                    name=self.name,
+                    clean_exit_policy=self.clean_exit_policy,
+                    kill_grace=self.kill_grace,
+                    stop_grace=self.stop_grace,
+                    stop_fd=stop_fd,
                 )
-                self._thread.start()
-            else:
-                from healthkit._sidecar import SidecarLink
-
-                self._sidecar = SidecarLink(self)
-                for e in self._entries:
-                    self._sidecar.watch(e)
+                self._sidecar = link
+                for e in self._entries.values():
+                    self._tell_sidecar(link, e)
+                self._sidecar_watch = link.process_watch()
+                watch_set.add(self._sidecar_watch)
+            elif stop_fd is not None:
+                # Keeps the stop pipe drained (and the stop recorded) as signals arrive.
+                watch_set.add_fd(stop_fd, _stopsignals.drain)
+            self._set = watch_set
+            self._thread = threading.Thread(
+                target=self._run, name=f"{self.name} (thread)", daemon=True
+            )
+            self._thread.start()
             return self
 
     def disarm(self, timeout: float | None = 5.0, *, reason: str = "disarm()") -> None:
@@ -290,10 +316,14 @@ class DisarmableWatchdog:
 
     def _release(self) -> None:
         """Close the watches and the diagnoser this watchdog built itself."""
-        for e in self._entries:
+        for e in self._entries.values():
             if e.owned:
                 e.watch.close()
-        self._entries = [e for e in self._entries if not e.owned]
+        self._entries = {k: e for k, e in self._entries.items() if not e.owned}
+        self._by_pid = {e.watch.pid: e for e in self._entries.values()}
+        if self._sidecar_watch is not None:
+            self._sidecar_watch.close()
+            self._sidecar_watch = None
         if self._owns_diagnoser and self._diagnoser is not None:
             self._diagnoser.close()
             self._diagnoser, self._owns_diagnoser = None, False
@@ -320,10 +350,16 @@ class DisarmableWatchdog:
         if not self._armed or self._inert or os.getpid() != self._owner_pid:
             return
         pending = [
-            e for e in list(self._entries)
-            if decide(e.watch.peek(), armed=True, run_until_disarmed=e.run_until_disarmed,
-                      clean_exit_policy=self.clean_exit_policy) is Verdict.FIRE
+            e for e in list(self._entries.values())
+            if self._verdict(e, e.watch.peek(), armed=True) is Verdict.FIRE
         ]  # fmt: skip
+        if pending and all(_may_be_group_stop(e.watch) for e in pending):
+            # This exit may itself be the stop that ended them (a handler that exits at
+            # once): give the stop the same grace as the watcher would.
+            _wait_for_stop(self.stop_grace)
+            pending = [
+                e for e in pending if self._verdict(e, e.watch.peek(), armed=True) is Verdict.FIRE
+            ]
         if not pending:
             return
         if self._sidecar is not None:
@@ -342,6 +378,19 @@ class DisarmableWatchdog:
         self._thread = None
         self._set = None
         self._sidecar = None
+        self._sidecar_watch = None
+
+    def _tell_sidecar(self, link: SidecarLink, entry: _Entry) -> None:
+        w = entry.watch
+        ended = w.status if w.closed else w.peek()
+        link.watch(
+            pid=w.pid,
+            name=w.name,
+            run_until_disarmed=entry.run_until_disarmed,
+            pgrp=w.pgrp,
+            ended=ended is not None,
+            returncode=ended.returncode if ended is not None else None,
+        )
 
     def _run(self) -> None:
         watch_set = self._set
@@ -354,39 +403,80 @@ class DisarmableWatchdog:
             if not self._armed or os.getpid() != self._owner_pid:
                 return
             if not ended and self.rss_sample_interval is not None:
-                for e in list(self._entries):
+                for e in list(self._entries.values()):
                     e.watch.sample_rss()
             for watch in ended:
                 watch_set.remove(watch)
-                self._observe(watch)
+                if watch is self._sidecar_watch:
+                    self._sidecar_died(watch, watch_set)
+                    continue
+                link = self._sidecar
+                if link is not None:
+                    # The sidecar decides; it may not be able to read the status itself
+                    # (this process may have reaped the helper first), so tell it.
+                    status = watch.poll()
+                    link.status(watch.pid, status.returncode if status else None)
+                else:
+                    self._observe(watch)
 
-    def _entry_for(self, watch: ProcessWatch) -> _Entry | None:
-        for e in self._entries:
-            if e.watch is watch:
-                return e
-        return None
+    def _sidecar_died(self, watch: ProcessWatch, watch_set: WatchSet) -> None:
+        """The sidecar is gone while armed: say so loudly and watch from this thread."""
+        with self._lock:
+            link = self._sidecar
+            if not self._armed or link is None:
+                return
+            self._sidecar = None
+            if stop_fd := _stopsignals.read_fd():
+                watch_set.add_fd(stop_fd, _stopsignals.drain)
+            assert self._diagnoser is not None
+            diagnosis = self._diagnoser.diagnose(watch, name="healthkit sidecar")
+        logger.error(
+            "%s: %s. Watching from a thread in this process from now on (it cannot act "
+            "while this process's main thread holds the GIL)",
+            self.name,
+            diagnosis,
+        )
+        flush_logging(logger)
+        link.close()
+        for e in list(self._entries.values()):
+            if e.watch.status is not None and not e.watch.closed:
+                self._observe(e.watch)  # ended while the sidecar was deciding
+
+    def _verdict(self, entry: _Entry, status: ExitStatus | None, *, armed: bool) -> Verdict:
+        return decide(
+            status,
+            armed=armed,
+            run_until_disarmed=entry.run_until_disarmed,
+            clean_exit_policy=self.clean_exit_policy,
+            owner_stopping=_stopsignals.stop_seen() is not None,
+        )
 
     def _observe(self, watch: ProcessWatch) -> None:
-        entry = self._entry_for(watch)
+        entry = self._entries.get(id(watch))
         if entry is None:
             return
+        status = watch.poll()
+        verdict = self._verdict(entry, status, armed=self._armed)
+        if (
+            verdict in (Verdict.FIRE, Verdict.WARN)
+            and status is not None
+            and _in_our_group(watch)
+            and stop_like(status)
+            and _wait_for_stop(self.stop_grace)
+        ):
+            verdict = self._verdict(entry, status, armed=self._armed)
         with self._lock:
-            verdict = decide(
-                watch.poll(),
-                armed=self._armed,
-                run_until_disarmed=entry.run_until_disarmed,
-                clean_exit_policy=self.clean_exit_policy,
-            )
-            if verdict in (Verdict.IGNORE, Verdict.KEEP_WATCHING):
+            if verdict in (Verdict.IGNORE, Verdict.KEEP_WATCHING) or not self._armed:
                 return
             assert self._diagnoser is not None
             diagnosis = self._diagnoser.diagnose(watch)
             if verdict is Verdict.WARN:
-                logger.warning(
-                    "%s: %s, although it was declared to run until disarmed",
-                    self.name,
-                    diagnosis,
+                reason = (
+                    "its exit status is unknown, so this is not acted on"
+                    if diagnosis.exit_code is None
+                    else "although it was declared to run until disarmed"
                 )
+                logger.warning("%s: %s; %s", self.name, diagnosis, reason)
                 return
             if self._fired is not None:
                 return  # only the first failure fires
@@ -408,14 +498,37 @@ class DisarmableWatchdog:
             self._actions_done.set()
 
 
+def _may_be_group_stop(watch: ProcessWatch) -> bool:
+    status = watch.status or watch.peek()
+    return status is not None and _in_our_group(watch) and stop_like(status)
+
+
+def _in_our_group(watch: ProcessWatch) -> bool:
+    """Whether ``watch``'s process receives this process's group signals (unknown: yes)."""
+    return watch.pgrp is None or watch.pgrp == os.getpgrp()
+
+
+def _wait_for_stop(grace: float) -> bool:
+    """Wait up to ``grace`` seconds for this process to be asked to stop; True if it was.
+
+    The stop pipe is written by the kernel-driven C signal handler the moment the signal is
+    delivered, normally before the helper's death is even seen; the grace covers a loaded
+    machine. Runs only for stop-like deaths of helpers in our own process group.
+    """
+    deadline = time.monotonic() + grace
+    fd = _stopsignals.read_fd()
+    while _stopsignals.stop_seen() is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if fd is None:
+            time.sleep(min(remaining, 0.01))
+        else:
+            select.select([fd], [], [], min(remaining, 0.05))
+    return True
+
+
 def _early_exit_wording(diagnosis: Diagnosis, entry: _Entry) -> Diagnosis:
     if diagnosis.exit_code == 0 and entry.run_until_disarmed:
-        return attrs.evolve(
-            diagnosis,
-            what="exited with code 0 while it was expected to run until disarmed",
-            likely="it returned early, so whoever depends on it will wait forever",
-            hint="Check its log for why it stopped; if finishing is normal for it, watch it "
-            "with run_until_disarmed=False",
-        )
+        return returned_early(diagnosis)
     return diagnosis
-

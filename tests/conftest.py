@@ -84,6 +84,16 @@ def _multiprocessing_heap() -> None:
     multiprocessing.get_context("spawn").RawArray("b", 1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _stop_signal_pipe() -> None:
+    """Take healthkit's stop-signal pipe once, up front: the first ``arm()`` of a process
+    creates it and it lives as long as the process (it backs ``signal.set_wakeup_fd``), so
+    created inside a test it would look like that test's leak."""
+    from healthkit import _stopsignals
+
+    assert _stopsignals.install()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test if it leaves a child process, a zombie, a thread or an fd behind."""

@@ -132,6 +132,7 @@ def started(kind: str, behaviour: str, **watch_kwargs: bool) -> Iterator[Started
     process: mp.process.BaseProcess | None = None
     popen: subprocess.Popen[bytes] | None = None
     watch: ProcessWatch | None = None
+    pid: int | None = None
     try:
         if kind in MP_KINDS:
             ctx = mp.get_context(kind)
@@ -173,14 +174,12 @@ def started(kind: str, behaviour: str, **watch_kwargs: bool) -> Iterator[Started
             process.join(30)
             process.close()
         if popen is not None:
-            if kind == "pid-of-popen":
-                # The watch reaped it by pid; Popen cannot know. Settle the object so it
-                # does not warn that the child "is still running".
-                popen.returncode = watch.status.returncode if watch and watch.status else -9
-            else:
-                if popen.poll() is None:
-                    popen.kill()
-                popen.wait(30)
+            if popen.poll() is None:
+                popen.kill()
+            popen.wait(30)
+        if kind == "pid-of-fork" and pid is not None and not reaped(pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -211,13 +210,18 @@ def test_watch_reports_and_diagnoses_how_the_process_ended(
             assert s.watch.is_child is True
             assert status.source == "waitid"
 
-        # The watch reaped it, through its owner where there is one.
+        # The watch never reaps: the zombie stays for its owner, whose own answer is the
+        # same code (a watch by bare pid used to make Popen.wait() report 0 here).
+        if kind != "forkserver":
+            assert not reaped(s.pid), "the watch reaped a process it does not own"
         if s.process is not None:
+            s.process.join(30)
             assert s.process.exitcode == case.exit_code
-        if kind == "popen":
-            assert s.popen is not None and s.popen.returncode == case.exit_code
-        if kind.startswith("pid-of"):
-            assert reaped(s.pid), "a bare-pid watch on our child must reap it"
+        if s.popen is not None:
+            assert s.popen.wait(30) == case.exit_code
+        if kind == "pid-of-fork":
+            _, raw = os.waitpid(s.pid, 0)
+            assert os.waitstatus_to_exitcode(raw) == case.exit_code
 
         d = diagnoser.diagnose(s.watch)
         assert d.name == s.name
@@ -270,20 +274,23 @@ def test_watch_of_a_process_already_joined_knows_its_status_at_once() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_watch_that_reaps_a_multiprocessing_child_also_drops_it_from_active_children(
-    start_method: str,
-) -> None:
-    """Reaping through ``Process.exitcode`` alone leaves the Process in multiprocessing's
-    child list (only ``join()``/``is_alive()`` drop it), with the pipe fds of its Popen."""
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_watch_leaves_multiprocessing_bookkeeping_to_its_owner(start_method: str) -> None:
+    """A watch that saw the exit has not reaped, polled or joined the child: the Process is
+    still in multiprocessing's child list with its exit unknown to it, exactly as without
+    the watch, until the owner's own ``join()``."""
     import multiprocessing.process
 
     p = mp.get_context(start_method).Process(target=helpers.exit_3)
     p.start()
-    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
     with ProcessWatch(p) as w:
         assert w.wait(30) is not None and w.status is not None
         assert w.status.returncode == 3
+        if start_method != "forkserver":  # a forkserver child is the forkserver's to reap
+            assert not reaped(p.pid)
+            assert p._popen is not None and p._popen.returncode is None  # type: ignore[attr-defined]
+    assert p in multiprocessing.process._children
+    p.join(30)
     assert p.exitcode == 3
     assert p not in multiprocessing.process._children
     p.close()
