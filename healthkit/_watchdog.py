@@ -16,6 +16,7 @@ import enum
 import logging
 import os
 import subprocess
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
@@ -25,7 +26,13 @@ import attrs
 
 from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
-from healthkit._errors import check_timeout
+from healthkit._errors import (
+    InterpreterShutdownError,
+    InvalidArgumentTypeError,
+    check_exit_code,
+    check_pid,
+    check_timeout,
+)
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
 if TYPE_CHECKING:
@@ -155,14 +162,19 @@ class DisarmableWatchdog:
                 "kill this process); use exit_code= to choose the code, or mode='thread' "
                 "for custom actions"
             )
+        if not isinstance(name, str):
+            raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         self.name = name
         self.mode = mode
         self.clean_exit_policy: CleanExitPolicy = clean_exit_policy
-        self.exit_code = exit_code
+        self.exit_code = check_exit_code(exit_code, "exit_code")
         grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
         assert grace is not None
         self.kill_grace: float = grace
-        self.rss_sample_interval = check_timeout(rss_sample_interval, "rss_sample_interval")
+        # A floor, so that a tiny interval cannot turn the watcher into a busy loop.
+        self.rss_sample_interval = check_timeout(
+            rss_sample_interval, "rss_sample_interval", minimum=0.01
+        )
         self.actions: list[Action] = list(actions) if actions is not None else default_actions(
             exit_code
         )
@@ -206,6 +218,14 @@ class DisarmableWatchdog:
         """Add a process. ``run_until_disarmed`` means even an exit 0 before disarm is a
         failure (a server that returns early hangs its clients) under the default policy.
         Watching the same process twice returns the existing watch."""
+        if isinstance(target, int):
+            check_pid(target, "target")
+        elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
+            raise InvalidArgumentTypeError(
+                "a watchdog watches a multiprocessing.Process, a subprocess.Popen, a "
+                f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
+                "target",
+            )
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
             for e in self._entries:
@@ -223,7 +243,16 @@ class DisarmableWatchdog:
             return watch
 
     def arm(self) -> DisarmableWatchdog:
-        """Start watching. Idempotent: a second call starts nothing. Inert in a forked child."""
+        """Start watching. Idempotent: a second call starts nothing. Inert in a forked child.
+
+        Raises :class:`InterpreterShutdownError` during interpreter shutdown (e.g. from an
+        ``atexit`` hook): the hook that disarms it at exit has run by then.
+        """
+        if sys.is_finalizing() or getattr(threading, "_SHUTTING_DOWN", False):
+            raise InterpreterShutdownError(
+                f"{self.name}: arm() was called during interpreter shutdown; arm the "
+                "watchdog before the program starts exiting (not from an atexit hook)"
+            )
         with self._lock:
             if self._inert or os.getpid() != self._owner_pid:
                 self._inert = True
