@@ -196,7 +196,7 @@ def test_error_file_refusal_never_stops_the_next_actions(tmp_path: Path) -> None
     """The refusal is logged by the action itself; the exit after it must still happen."""
     target = tmp_path / "error.json"
     target.mkdir()
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import healthkit
         from healthkit import ExitDiagnoser, FailureEvent
         d = ExitDiagnoser(kmsg_path=None).diagnose(-9, name="helper", pid=4242)
