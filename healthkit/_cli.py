@@ -19,17 +19,23 @@ def _return_code(text: str) -> int:
     from healthkit._diagnosis import check_returncode
 
     try:
-        return check_returncode(int(text), "exit status")
-    except ValueError as e:  # also InvalidArgumentError
-        if isinstance(e, HealthkitError):
-            raise argparse.ArgumentTypeError(str(e)) from None
+        value = int(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    try:
+        return check_returncode(value, "exit status")
+    except HealthkitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _pid(text: str) -> int:
     try:
-        return check_pid(int(text), "--pid")
-    except (ValueError, HealthkitError) as e:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    try:
+        return check_pid(value, "--pid")
+    except HealthkitError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 

@@ -222,7 +222,7 @@ class DisarmableWatchdog:
             check_pid(target, "target")
         elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
             raise InvalidArgumentTypeError(
-                "a watchdog watches a multiprocessing.Process, a subprocess.Popen, a "
+                "target must be a multiprocessing.Process, a subprocess.Popen, a "
                 f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
                 "target",
             )
