@@ -176,6 +176,9 @@ def dump_stacks(
     sig = int(check_signal(signum, "signum"))
     bound = check_timeout(timeout, "timeout", allow_none=False)
     assert bound is not None
+    if isinstance(pids, (str, bytes)) or not hasattr(pids, "__iter__"):
+        raise InvalidArgumentTypeError(f"pids must be a list of pids, got {pids!r}", "pids")
+    pids = list(pids)
     for pid in pids:
         check_pid(pid, "pids")
     started: dict[int, int] = {}
