@@ -140,10 +140,11 @@ class write_torchelastic_error_file:
     runs as root, so the write refuses (logs a warning, writes nothing) rather than replace
     something it must not: a target that exists and is not a regular file (a device node, a
     directory), a symlink owned by another user (one owned by us or root is followed), or a
-    directory that others can write to without the sticky bit (they could swap the file
-    between our check and the rename). The temp file gets a random name in the target's
-    directory, is created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a symlink planted there is
-    never followed) and is removed if anything fails.
+    directory owned by another user or that others can write to without the sticky bit
+    (they could swap the file between our check and the rename, or afterwards). The temp
+    file gets a random name in the target's directory, is created with
+    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a symlink planted there is never followed) and is removed
+    if anything fails.
     """
 
     path: str | None = None
@@ -219,6 +220,12 @@ def write_error_file(path: str, data: bytes) -> None:
         raise ErrorFileRefused(f"its directory {directory!r}: {e.strerror}") from None
     try:
         dst = os.fstat(dir_fd)
+        if dst.st_uid not in (os.geteuid(), 0):
+            raise ErrorFileRefused(
+                f"its directory {directory!r} is owned by uid {dst.st_uid}, neither this user "
+                "nor root, so that user could replace the file; point "
+                f"{TORCHELASTIC_ERROR_FILE} at a directory of this user's"
+            )
         if dst.st_mode & stat.S_IWOTH and not dst.st_mode & stat.S_ISVTX:
             raise ErrorFileRefused(
                 f"its directory {directory!r} is writable by every user and has no sticky "

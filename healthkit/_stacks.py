@@ -144,11 +144,17 @@ def catches_signal(pid: int, signum: int, proc_root: str = "/proc") -> bool:
     return False
 
 
-def signalled_by_us(pid: int | None, signum: int) -> bool:
-    """Whether this process sent ``signum`` to ``pid`` as a stack-dump request."""
+def signalled_by_us(pid: int | None, signum: int, *, within: float = 300.0) -> bool:
+    """Whether this process sent ``signum`` to ``pid`` as a stack-dump request in the last
+    ``within`` seconds (a death is diagnosed right after it; the window keeps a much later
+    process that reuses the pid from being blamed on us)."""
     if pid is None:
         return False
-    return any(p == pid and s == signum for (p, _), (s, _) in _signalled.items())
+    now = time.monotonic()
+    return any(
+        p == pid and s == signum and now - sent <= within
+        for (p, _), (s, sent) in _signalled.items()
+    )
 
 
 def _may_signal(directory: str, pid: int, signum: int) -> bool:

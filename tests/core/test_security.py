@@ -538,3 +538,18 @@ def test_a_sigusr2_we_did_not_send_is_not_blamed_on_us() -> None:
     assert d.signal is signal.SIGUSR2
     assert "stack-dump request" not in str(d)
     assert "a signal with no common cause" in str(d)
+
+
+@needs_root
+def test_error_file_refuses_a_directory_owned_by_another_user(
+    shared_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory nobody owns (say, a symlinked path component they planted) lets them
+    replace the file after we wrote it: nothing is written there."""
+    theirs = shared_dir / "theirs"
+    as_nobody(lambda: theirs.mkdir(mode=0o755))
+    target = theirs / "error.json"
+    with caplog.at_level(logging.WARNING, logger="healthkit"):
+        ErrorFileAction(str(target))(_event())
+    assert not target.exists() and list(theirs.iterdir()) == []
+    assert f"is owned by uid {NOBODY}" in caplog.text
