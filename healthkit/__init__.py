@@ -22,8 +22,13 @@ from healthkit._barrier import (
 from healthkit._bounds import EnvBound, EnvValueWarning, env_seconds, init_bound_from_env
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
+    MAX_TIMEOUT_S,
     HealthkitError,
+    InterpreterShutdownError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidEnvValueError,
+    InvalidExitCodeError,
     InvalidTimeoutError,
     NoSuchProcessError,
     ProcessDiedError,
@@ -67,8 +72,13 @@ __all__ = [
     "ExitDiagnoser",
     "ExitStatus",
     "HealthkitError",
+    "InterpreterShutdownError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidEnvValueError",
+    "InvalidExitCodeError",
     "InvalidTimeoutError",
+    "MAX_TIMEOUT_S",
     "NoSuchProcessError",
     "ProcessDiedError",
     "ProcessNotStartedError",

@@ -28,7 +28,14 @@ import attrs
 
 from healthkit._bounds import EnvBound
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
-from healthkit._errors import HealthkitError, NoSuchProcessError, check_timeout
+from healthkit._errors import (
+    HealthkitError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NoSuchProcessError,
+    check_bound,
+    check_timeout,
+)
 from healthkit._stacks import dump_stacks, enable_stack_dumps
 from healthkit._watch import ProcessWatch, read_proc_stat
 
@@ -36,6 +43,7 @@ __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "Party
 
 PartyState = Literal["arrived", "dead", "not arrived"]
 _ARRIVED, _PASSED = 1, 2  # per-worker flags in shared memory, written by the worker
+_WORKER_MARGIN_S = 30.0  # a worker waits this much past the bound, so the parent reports first
 
 
 @attrs.frozen
@@ -195,13 +203,23 @@ class BoundedBarrier:
         barrier: Any = None,
         abort_grace: float = 1.0,
     ) -> None:
-        if isinstance(parties, bool) or not isinstance(parties, int) or parties < 0:
-            raise ValueError(
-                f"parties must be the number of worker processes (>= 0), got {parties!r}"
+        if isinstance(parties, bool) or not isinstance(parties, int):
+            raise InvalidArgumentTypeError(
+                f"parties must be the number of worker processes (an int), got {parties!r}",
+                "parties",
+            )
+        if not 0 <= parties <= 65536:
+            raise InvalidArgumentError(
+                f"parties must be the number of worker processes (0..65536), got {parties}",
+                "parties",
             )
         self.env_bound = timeout if isinstance(timeout, EnvBound) else None
         seconds = timeout.seconds if isinstance(timeout, EnvBound) else timeout
-        self.timeout: float = check_timeout(seconds, "timeout", allow_none=False)  # type: ignore[assignment]
+        what = f"timeout (from ${timeout.env_var})" if isinstance(timeout, EnvBound) else "timeout"
+        # > 0: a bound of 0 fails before anyone can arrive.
+        self.timeout: float = check_bound(seconds, what)
+        # The worker side waits the bound plus a margin; that sum must fit the OS wait too.
+        check_bound(self.timeout + _WORKER_MARGIN_S, f"{what} + {_WORKER_MARGIN_S:g}s margin")
         self.abort_grace: float = check_timeout(abort_grace, "abort_grace", allow_none=False)  # type: ignore[assignment]
         ctx = ctx or multiprocessing.get_context("spawn")
         self.parties = parties
@@ -210,7 +228,7 @@ class BoundedBarrier:
         self.hint = hint
         self._barrier: Any = barrier if barrier is not None else ctx.Barrier(parties + 1)
         if self._barrier.parties != parties + 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"the barrier has {self._barrier.parties} parties; it needs {parties + 1} "
                 f"({parties} workers + the parent)"
             )
@@ -248,10 +266,12 @@ class BoundedBarrier:
         barrier's bound plus a margin, so the parent normally reports first). Run the
         worker's teardown in ``finally``.
         """
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise InvalidArgumentTypeError(f"rank must be an int, got {rank!r}", "rank")
         if not 0 <= rank < self.parties:
-            raise ValueError(f"rank must be in [0, {self.parties}), got {rank}")
+            raise InvalidArgumentError(f"rank must be in [0, {self.parties}), got {rank}", "rank")
         bound = check_timeout(timeout, "timeout")
-        bound = self.timeout + 30.0 if bound is None else bound
+        bound = self.timeout + _WORKER_MARGIN_S if bound is None else bound
         self._arrived[rank] = _ARRIVED
         start = time.monotonic()
         try:
@@ -307,7 +327,9 @@ class BoundedBarrier:
         if not self._owner or os.getpid() != self._parent_pid:
             raise RuntimeError("BoundedBarrier.wait() is for the process that created it")
         if len(workers) != self.parties:
-            raise ValueError(f"expected {self.parties} workers, got {len(workers)}")
+            raise InvalidArgumentError(
+                f"expected {self.parties} workers, got {len(workers)}", "workers"
+            )
         start = time.monotonic()
         owned = [not isinstance(w, ProcessWatch) for w in workers]
         watches = [

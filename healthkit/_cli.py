@@ -5,16 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from healthkit._errors import InvalidTimeoutError, check_timeout
+from healthkit._errors import HealthkitError, check_bound, check_pid
 
 
 def _positive_seconds(text: str) -> float:
     try:
-        value = check_timeout(float(text), "--hang-timeout", allow_none=False)
-    except (ValueError, InvalidTimeoutError) as e:
+        return check_bound(float(text), "--hang-timeout")
+    except (ValueError, HealthkitError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    assert value is not None
-    return value
+
+
+def _return_code(text: str) -> int:
+    from healthkit._diagnosis import check_returncode
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    try:
+        return check_returncode(value, "exit status")
+    except HealthkitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    try:
+        return check_pid(value, "--pid")
+    except HealthkitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--kmsg", default="/dev/kmsg", help=argparse.SUPPRESS)
     doctor.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
     explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
-    explain.add_argument("exit_code", type=int, help="e.g. -9, 137, 139, -7, 1")
-    explain.add_argument("--pid", type=int, help="the pid, to look for kernel OOM records")
+    explain.add_argument("exit_code", type=_return_code,
+                         help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N)")
+    explain.add_argument("--pid", type=_pid, help="the pid, to look for kernel OOM records")
     explain.add_argument("--name", help="the process's name, for the message")
     args = parser.parse_args(argv)
 

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import attrs
 
+from healthkit._errors import InvalidArgumentError, InvalidArgumentTypeError, check_pid
 from healthkit._evidence import (
     KernelLog,
     KernelLogFollower,
@@ -18,6 +19,7 @@ from healthkit._evidence import (
     format_bytes,
     shm_usage,
 )
+from healthkit._stacks import signalled_by_us
 from healthkit._watch import (
     UNKNOWN_NOT_PERMITTED,
     UNKNOWN_SIGCHLD_IGNORED,
@@ -41,6 +43,21 @@ _ASKED_TO_STOP = {
     signal.SIGINT: "SIGINT (Ctrl-C)",
     signal.SIGHUP: "SIGHUP (its terminal or session went away)",
 }
+
+
+def check_returncode(value: int, what: str = "exit code") -> int:
+    """A return code as ``multiprocessing``/``subprocess`` report it: an exit status 0..255,
+    or ``-N`` for death by signal N (1..64)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError(f"{what} must be an int, got {value!r}", what)
+    if not -64 <= value <= 255:
+        raise InvalidArgumentError(
+            f"{value} is not a possible {what}: exit statuses are 0..255 "
+            "(a shell shows death by signal N as 128+N) and a death by signal N is -N "
+            "with N in 1..64",
+            what,
+        )
+    return value
 
 
 class Cause(enum.Enum):
@@ -170,11 +187,17 @@ class ExitDiagnoser:
             pid = pid if pid is not None else subject.pid
             peak_rss_bytes = peak_rss_bytes or subject.peak_rss_bytes
         elif isinstance(subject, int) and not isinstance(subject, bool):
-            status = ExitStatus(subject, "given")
+            status = ExitStatus(check_returncode(subject), "given")
         elif isinstance(subject, ExitStatus) or subject is None:
             status = subject
         else:
-            raise TypeError(f"cannot diagnose a {type(subject).__name__}")
+            raise InvalidArgumentTypeError(
+                "diagnose() takes a ProcessWatch, an ExitStatus, a return code (int) or None, "
+                f"got {type(subject).__name__}",
+                "subject",
+            )
+        if pid is not None:
+            check_pid(pid)
         name = name or (f"pid {pid}" if pid is not None else "process")
         observed = (time.monotonic(), time.time()) if status is None else (
             status.observed_at,
@@ -256,8 +279,9 @@ class ExitDiagnoser:
             if rc < 0:
                 return make(Cause.UNKNOWN, f"was killed by signal {-rc}", sig=None)
             likely = (
-                "an uncaught Python exception exits with 1; its traceback is in that "
-                "process's stderr"
+                "1 is the generic failure code: an uncaught Python exception gives it (then "
+                "its traceback is in that process's stderr), and so do sys.exit(1) and many "
+                "programs' own error paths"
                 if rc == 1
                 else "the process reported an error"
             )
@@ -271,6 +295,18 @@ class ExitDiagnoser:
             evidence.append("core dumped")
         if sig == signal.SIGKILL:
             return self._sigkill(make, how, pid, peak_rss_bytes, evidence)
+        if signalled_by_us(pid, sig):
+            return make(
+                Cause.UNKNOWN,
+                f"{how} {sig.name}",
+                f"healthkit's own stack-dump request ({sig.name}) ended it: the process "
+                "no longer handled that signal when it arrived (most often it was already "
+                "exiting)",
+                "Look at what it was doing before that (its log); the stack-dump request "
+                "only ended a process that was already stuck or leaving",
+                tuple(evidence),
+                sig,
+            )
         if sig in _NATIVE_CRASH:
             return make(
                 Cause.NATIVE_CRASH,

@@ -70,6 +70,10 @@ def checks(
     if last is None:
         out.append(Check(WARN, "kernel log", f"{kmsg_path} not readable: OOM kills are confirmed "
                          "only by the cgroup counter (run as root or lower dmesg_restrict)"))
+    elif last < 0:
+        out.append(Check(WARN, "kernel log", f"{kmsg_path} holds no kernel log records (read "
+                         "up to a bounded size): OOM kills are confirmed only by the cgroup "
+                         "counter"))
     else:
         out.append(Check(OK, "kernel log", f"{kmsg_path} readable: an OOM kill naming the pid "
                          "confirms the cause"))

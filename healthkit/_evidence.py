@@ -5,6 +5,7 @@ formats; none of them raises on a missing or unreadable file (evidence is best e
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import threading
@@ -15,6 +16,7 @@ import attrs
 __all__ = ["KernelLog", "MemoryCgroup", "ShmUsage", "find_memory_cgroup", "format_bytes"]
 
 _UNLIMITED = 1 << 62
+logger = logging.getLogger("healthkit")
 
 
 def format_bytes(n: int) -> str:
@@ -26,31 +28,60 @@ def format_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _read_int(path: str) -> int | None:
+_MAX_FILE_BYTES = 1 << 16  # cgroup and /proc files read here are a few hundred bytes
+_warned: set[str] = set()
+
+
+def _malformed(path: str, detail: str) -> None:
+    """Log (once per file) that a kernel file held something we cannot parse."""
+    if path not in _warned:
+        _warned.add(path)
+        logger.warning("%s is malformed (%s): treated as unknown", path, detail)
+
+
+def _read_text(path: str) -> str | None:
+    """The file's text, bounded; bytes that are not UTF-8 make it malformed (``None``)."""
     try:
-        with open(path) as f:
-            text = f.read().strip()
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_FILE_BYTES)
     except OSError:
         return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _malformed(path, f"not UTF-8: {e.reason} at byte {e.start}")
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    text = text.strip()
     if text == "max":
         return None
     try:
         value = int(text)
     except ValueError:
+        _malformed(path, f"not an integer: {text[:40]!r}")
         return None
-    return None if value >= _UNLIMITED else value
+    return None if value >= _UNLIMITED or value < 0 else value
 
 
 def _read_keyed(path: str, key: str) -> int | None:
     """Read ``key N`` from a flat-keyed cgroup file (memory.events, memory.oom_control)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0] == key:
-                    return int(parts[1])
-    except (OSError, ValueError):
+    text = _read_text(path)
+    if text is None:
         return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                value = int(parts[1])
+            except ValueError:
+                _malformed(path, f"{key} is not an integer: {parts[1][:40]!r}")
+                return None
+            return value if value >= 0 else None
     return None
 
 
@@ -87,11 +118,10 @@ def find_memory_cgroup(
     container runtimes, list both). Inside a cgroup namespace the listed path may not exist
     under ``cgroup_root``; then the nearest existing ancestor that has the counter is used.
     """
-    try:
-        with open(f"{proc_root}/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    text = _read_text(f"{proc_root}/{pid}/cgroup")
+    if text is None:
         return None
+    lines = text.splitlines()
     v1_path = v2_path = None
     for line in lines:
         parts = line.split(":", 2)
@@ -129,6 +159,37 @@ def find_memory_cgroup(
 class KernelRecord:
     seq: int
     message: str
+    #: syslog facility from the record's prefix: 0 only for records the kernel wrote
+    #: itself (the kernel forces LOG_USER or higher on anything written to /dev/kmsg).
+    facility: int = 0
+
+
+# The OOM killer's own records, matched by their fixed structure only. A process name (up
+# to 15 bytes, chosen freely by any user) appears in many kernel records, at their start
+# (``<comm>[<pid>]: segfault at ...``) or inside them; none of these patterns can be
+# completed by such a name:
+# - the summary, "oom-kill:constraint=CONSTRAINT_...,...,task=<comm>,pid=<pid>,uid=<uid>":
+#   the victim's pid is the *last* pid= field, right before the final uid= field, so a
+#   name containing ",pid=N" cannot move it;
+# - the kill, "[Memory cgroup o|O]ut of memory: Killed process <pid> (<comm>) ..." and,
+#   on older kernels, "Killed process <pid> (<comm>) total-vm:...": the pid comes before
+#   the name.
+_OOM_SUMMARY = re.compile(r"^oom-kill:constraint=CONSTRAINT_[A-Z_]+,.*,pid=(\d+),uid=\d+$")
+_OOM_KILLED = re.compile(
+    r"^(?:(?:Memory cgroup out of memory|Out of memory(?: \([a-z_]+\))?): )?"
+    r"Killed process (\d+) \(.*\) total-vm:"
+)
+
+
+def oom_killed_pid(record: KernelRecord) -> int | None:
+    """The pid an OOM-killer record says was killed, or ``None`` for any other record
+    (including one that user space wrote into the log, or that merely names a process
+    called ``oom pid=N``)."""
+    if record.facility != 0:
+        return None
+    message = record.message.rstrip()
+    m = _OOM_SUMMARY.match(message) or _OOM_KILLED.match(message)
+    return int(m.group(1)) if m else None
 
 
 class KernelLog:
@@ -175,13 +236,8 @@ class KernelLog:
         records = self.records()
         if records is None:
             return None
-        pattern = re.compile(rf"(Killed process {pid}\b|[ ,]pid={pid}[ ,]|[ ,]pid={pid}$)")
         return [
-            rec.message
-            for rec in records
-            if rec.seq > after_seq
-            and pattern.search(rec.message)
-            and ("oom" in rec.message.lower() or "Killed process" in rec.message)
+            rec.message for rec in records if rec.seq > after_seq and oom_killed_pid(rec) == pid
         ]
 
 
@@ -221,7 +277,7 @@ class KernelLogFollower:
         if self._fd is None:
             return
         records, self._pending = _drain(self._fd, self._pending)
-        self._oom.extend(rec for rec in records if _OOM_WORDS.search(rec.message))
+        self._oom.extend(rec for rec in records if oom_killed_pid(rec) is not None)
 
     def oom_kill_lines(self, pid: int) -> list[str] | None:
         """Lines since construction saying the OOM killer killed ``pid``; ``None`` if the
@@ -230,8 +286,7 @@ class KernelLogFollower:
             if self._fd is None:
                 return None
             self._read_new()
-            pattern = re.compile(rf"(Killed process {pid}\b|[ ,]pid={pid}[ ,]|[ ,]pid={pid}$)")
-            return [rec.message for rec in self._oom if pattern.search(rec.message)]
+            return [rec.message for rec in self._oom if oom_killed_pid(rec) == pid]
 
     def close(self) -> None:
         with self._lock:
@@ -246,15 +301,21 @@ class KernelLogFollower:
             pass
 
 
-_OOM_WORDS = re.compile(r"Killed process|oom", re.IGNORECASE)
+# Bounds on one read of the log. The kernel's ring buffer is at most 32 MiB
+# (CONFIG_LOG_BUF_SHIFT <= 25) and one record at most about 8 KiB with its metadata, so a
+# "log" that gives more (a path such as /dev/zero given by mistake) is cut off, not read
+# forever, and a line that never ends is dropped.
+_MAX_READ_BYTES = 64 << 20
+_MAX_RECORD_BYTES = 64 << 10
 
 
 def _drain(fd: int, pending: bytes) -> tuple[list[KernelRecord], bytes]:
     """Read what ``fd`` has now: ``/dev/kmsg`` gives one record per read and EAGAIN at the
     end; a regular file (fixtures) gives lines and then EOF. Returns the complete records
-    and the unfinished tail."""
+    and the unfinished tail. Reads at most ``_MAX_READ_BYTES`` per call."""
     out: list[KernelRecord] = []
-    while True:
+    total = 0
+    while total < _MAX_READ_BYTES:
         try:
             chunk = os.read(fd, 8192)
         except OSError as e:
@@ -263,8 +324,11 @@ def _drain(fd: int, pending: bytes) -> tuple[list[KernelRecord], bytes]:
             break  # EAGAIN: nothing more for now
         if not chunk:
             break
+        total += len(chunk)
         pending += chunk
         *lines, pending = pending.split(b"\n")
+        if len(pending) > _MAX_RECORD_BYTES:
+            pending = b""  # not a log record: drop it rather than grow without end
         out.extend(rec for rec in map(_parse_kmsg, lines) if rec is not None)
     return out, pending
 
@@ -277,10 +341,11 @@ def _parse_kmsg(line: bytes) -> KernelRecord | None:
         return None
     fields = head.split(b",")
     try:
+        prefix = int(fields[0])
         seq = int(fields[1])
     except (IndexError, ValueError):
         return None
-    return KernelRecord(seq, message.decode("utf-8", "replace"))
+    return KernelRecord(seq, message.decode("utf-8", "replace"), prefix >> 3)
 
 
 @attrs.frozen

@@ -23,6 +23,8 @@ import ctypes
 import os
 import signal
 
+from healthkit._errors import InvalidArgumentTypeError, check_pid, check_signal
+
 __all__ = ["die_with_parent", "set_thread_name"]
 
 _PR_SET_PDEATHSIG = 1
@@ -41,8 +43,11 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 
     ``parent_pid`` is the parent's pid as the parent read it before forking. If the parent
     is already gone, the child sends itself ``sig`` at once (so it ends exactly as it would
-    had the kernel delivered the death signal).
+    had the kernel delivered the death signal). A ``parent_pid`` that is not a pid raises
+    :class:`InvalidArgumentTypeError` (before anything is signalled).
     """
+    check_pid(parent_pid, "parent_pid")
+    sig = check_signal(sig, "sig")
     _prctl(_PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != parent_pid:  # reparented before prctl took effect: the parent died
         os.kill(os.getpid(), sig)
@@ -55,6 +60,8 @@ def set_thread_name(name: str) -> None:
     A helper named after its role ("gl-sampler-srv") is recognisable in ``ps`` and in the
     kernel's OOM-kill record, which names the process by this field.
     """
+    if not isinstance(name, str):
+        raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
     try:
         _prctl(_PR_SET_NAME, name.encode()[:15])
     except OSError:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import selectors
@@ -41,11 +42,15 @@ from typing import Final
 import attrs
 
 from healthkit._errors import (
+    InvalidArgumentTypeError,
     NoSuchProcessError,
     ProcessNotStartedError,
     WatchClosedError,
+    check_pid,
     check_timeout,
 )
+
+_log = logging.getLogger("healthkit")
 
 __all__ = ["ExitStatus", "ProcessWatch", "WatchSet", "read_proc_stat"]
 
@@ -105,27 +110,40 @@ class ProcStat:
 
 
 def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
-    """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone."""
+    """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone, or when the
+    file is truncated or garbled (logged as a warning: the caller then knows nothing)."""
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as f:
             raw = f.read().decode("utf-8", "replace")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    except OSError as e:
+        _log.warning("cannot read %s/%s/stat (%s): its state is unknown", proc_root, pid, e)
+        return None
     # comm may contain spaces and parentheses: it ends at the *last* ')'.
-    head, _, tail = raw.rpartition(")")
+    head, paren, tail = raw.rpartition(")")
     comm = head.partition("(")[2]
     fields = tail.split()
     # fields[0] is field 3 (state); field N is fields[N - 3].
-    exit_status = int(fields[49]) if len(fields) > 49 else None
-    return ProcStat(
-        pid=pid,
-        comm=comm,
-        state=fields[0],
-        ppid=int(fields[1]),
-        pgrp=int(fields[2]),
-        start_time=int(fields[19]),
-        exit_status=exit_status,
-    )
+    try:
+        if not paren or len(fields) < 20:
+            raise ValueError("too few fields")
+        exit_status = int(fields[49]) if len(fields) > 49 else None
+        return ProcStat(
+            pid=pid,
+            comm=comm,
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgrp=int(fields[2]),
+            start_time=int(fields[19]),
+            exit_status=exit_status,
+        )
+    except ValueError as e:
+        _log.warning(
+            "%s/%s/stat is malformed (%s: %r...): its state is unknown",
+            proc_root, pid, e, raw[:80],
+        )
+        return None
 
 
 def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
@@ -292,14 +310,13 @@ class ProcessWatch:
             first = args[0] if isinstance(args, (list, tuple)) and args else args
             default_name = f"{os.path.basename(str(first))}"
         elif isinstance(target, int) and not isinstance(target, bool):
-            if target <= 0:
-                raise NoSuchProcessError(f"pid must be a positive integer, got {target}")
-            pid = target
+            pid = check_pid(target)
             default_name = f"pid {target}"
         else:
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 "ProcessWatch needs a multiprocessing.Process, a subprocess.Popen or a pid, "
-                f"got {type(target).__name__}"
+                f"got {type(target).__name__}",
+                "target",
             )
         self.pid: int = pid
         self.name: str = name if name is not None else default_name

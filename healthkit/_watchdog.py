@@ -22,6 +22,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -34,7 +35,13 @@ from healthkit import _stopsignals
 from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
 from healthkit._decide import CleanExitPolicy, Verdict, decide, stop_like
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early
-from healthkit._errors import check_timeout
+from healthkit._errors import (
+    InterpreterShutdownError,
+    InvalidArgumentTypeError,
+    check_exit_code,
+    check_pid,
+    check_timeout,
+)
 from healthkit._sidecar import SidecarLink
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
@@ -146,14 +153,19 @@ class DisarmableWatchdog:
                 "kill this process); use exit_code= to choose the code, or mode='thread' "
                 "for custom actions"
             )
+        if not isinstance(name, str):
+            raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         self.name = name
         self.mode = mode
         self.clean_exit_policy: CleanExitPolicy = clean_exit_policy
-        self.exit_code = exit_code
+        self.exit_code = check_exit_code(exit_code, "exit_code")
         grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
         assert grace is not None
         self.kill_grace: float = grace
-        self.rss_sample_interval = check_timeout(rss_sample_interval, "rss_sample_interval")
+        # A floor, so that a tiny interval cannot turn the watcher into a busy loop.
+        self.rss_sample_interval = check_timeout(
+            rss_sample_interval, "rss_sample_interval", minimum=0.01
+        )
         stop = check_timeout(stop_grace, "stop_grace", allow_none=False)
         assert stop is not None
         self.stop_grace: float = stop
@@ -212,6 +224,14 @@ class DisarmableWatchdog:
         """Add a process. ``run_until_disarmed`` means even an exit 0 before disarm is a
         failure (a server that returns early hangs its clients) under the default policy.
         Watching the same process twice returns the existing watch."""
+        if isinstance(target, int):
+            check_pid(target, "target")
+        elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
+            raise InvalidArgumentTypeError(
+                "target must be a multiprocessing.Process, a subprocess.Popen, a "
+                f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
+                "target",
+            )
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
             known = self._by_pid.get(pid) if pid is not None else None
@@ -230,7 +250,16 @@ class DisarmableWatchdog:
             return watch
 
     def arm(self) -> DisarmableWatchdog:
-        """Start watching. Idempotent: a second call starts nothing. Inert in a forked child."""
+        """Start watching. Idempotent: a second call starts nothing. Inert in a forked child.
+
+        Raises :class:`InterpreterShutdownError` during interpreter shutdown (e.g. from an
+        ``atexit`` hook): the hook that disarms it at exit has run by then.
+        """
+        if sys.is_finalizing() or getattr(threading, "_SHUTTING_DOWN", False):
+            raise InterpreterShutdownError(
+                f"{self.name}: arm() was called during interpreter shutdown; arm the "
+                "watchdog before the program starts exiting (not from an atexit hook)"
+            )
         with self._lock:
             if self._inert or os.getpid() != self._owner_pid:
                 self._inert = True

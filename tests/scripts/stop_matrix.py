@@ -100,10 +100,10 @@ class _Run:
     def finish(self, timeout: float) -> tuple[bool, str]:
         """(fired, description) once the owner has ended; strays are killed by pidfd."""
         try:
-            out, err = self.proc.communicate(timeout=timeout)
+            _out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, err = self.proc.communicate()
+            _out, err = self.proc.communicate()
             _end(self.pids)
             return False, f"owner did not end within {timeout:.0f}s; stderr: {err[-500:]}"
         stray = _end(self.pids)
