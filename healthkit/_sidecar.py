@@ -178,10 +178,15 @@ class SidecarLink:
             )
             self._expect("watching")
 
-    def status(self, pid: int, returncode: int | None) -> None:
+    def status(self, pid: int, status: ExitStatus | None) -> None:
         """Tell the sidecar how ``pid`` ended, as far as the owner knows."""
         with contextlib.suppress(OSError), self._lock:
-            self._send(op="status", pid=pid, returncode=returncode)
+            self._send(
+                op="status",
+                pid=pid,
+                returncode=status.returncode if status else None,
+                source=status.source if status else "unknown",
+            )
 
     def _owner_stopping(self, sig: signal.Signals) -> None:
         # May run in a signal handler: one small send, no lock (a unix socket delivers a
@@ -308,7 +313,7 @@ class _Sidecar:
         self.buf = b""
         self.stopping = False
         self.done = False  # disarmed, end-of-file or owner gone
-        self.owner_status: dict[int, int | None] = {}
+        self.owner_status: dict[int, ExitStatus] = {}
         self.watched: dict[int, _Watched] = {}  # fd -> entry
         self.config: dict[str, Any] = {}
         self.sel = selectors.DefaultSelector()
@@ -381,7 +386,7 @@ class _Sidecar:
         if op == "stopping":
             self.stopping = True
         elif op == "status":
-            self.owner_status[msg["pid"]] = msg["returncode"]
+            self.owner_status[msg["pid"]] = ExitStatus(msg["returncode"], msg["source"])
         elif op == "watch":
             entry = self.open(msg)
             self.sock.sendall(b"watching\n")
@@ -421,8 +426,10 @@ class _Sidecar:
             # tells us what it learned (unless its GIL is held, and then it cannot reap).
             pid = entry.pid
             self.pump(lambda: pid in self.owner_status, _OWNER_STATUS_WAIT_S)
-            if self.owner_status.get(pid) is not None:
-                status = ExitStatus(self.owner_status[pid], "owner")
+            told = self.owner_status.get(pid)
+            if told is not None and (told.returncode is not None or status is None
+                                     or told.source != "unknown"):
+                status = told  # the owner knows better (the code, or why it is unknown)
             elif status is None:
                 status = ExitStatus(None, "unknown: gone before the sidecar could read it")
         if self.done:
@@ -459,7 +466,7 @@ class _Sidecar:
         assert self.diagnoser is not None
         config = self.config
         subject: ProcessWatch | ExitStatus = (
-            entry.watch if entry.watch is not None and status.source != "owner" else status
+            entry.watch if entry.watch is not None and entry.watch.status is status else status
         )
         diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid)
         if diagnosis.exit_code == 0 and entry.run_until_disarmed:

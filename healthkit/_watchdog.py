@@ -443,8 +443,7 @@ class DisarmableWatchdog:
                 if link is not None:
                     # The sidecar decides; it may not be able to read the status itself
                     # (this process may have reaped the helper first), so tell it.
-                    status = watch.poll()
-                    link.status(watch.pid, status.returncode if status else None)
+                    link.status(watch.pid, watch.poll())
                 else:
                     self._observe(watch)
 

@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 
 import healthkit as hk
@@ -22,6 +23,31 @@ def serve_forever() -> None:
 
 def return_early() -> None:
     time.sleep(0.3)
+
+
+def exit_3() -> None:
+    time.sleep(0.3)
+    sys.exit(3)
+
+
+def survive(seconds: float = 2.0) -> None:
+    time.sleep(seconds)
+    print("SURVIVED", flush=True)
+
+
+# The one decision table, played against either mode: scenario -> (helper target,
+# run_until_disarmed, what the owner does once armed). tests/core/test_decision_table.py
+# holds the expected outcome of each.
+TABLE = {
+    "allowed-exit0-joined": (return_early, False, "join"),
+    "allowed-exit0-before-watch": (return_early, False, "join-before-watch"),
+    "until-exit0": (return_early, True, "join"),
+    "until-exit0-warn": (return_early, True, "join"),
+    "exit3-joined": (exit_3, False, "join"),
+    "sigkill-joined": (serve_forever, False, "kill-join"),
+    "sigchld-ignored-allowed-exit0": (return_early, False, "sigchld-ignored"),
+    "sigchld-ignored-until-exit0": (return_early, True, "sigchld-ignored"),
+}
 
 
 def main() -> None:
@@ -39,6 +65,9 @@ def main() -> None:
     if args.sigterm_exits:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ctx = mp.get_context(args.start_method)
+    if args.scenario in TABLE:
+        table_scenario(args, ctx)
+        return
     target = return_early if args.scenario == "early-exit-0" else serve_forever
     helpers = [
         ctx.Process(target=target, name=f"helper-{i}", daemon=True) for i in range(args.helpers)
@@ -53,6 +82,30 @@ def main() -> None:
     sidecar = wd.sidecar_pid or 0
     print("READY", " ".join(str(p.pid) for p in helpers), sidecar, flush=True)
 
+    if args.scenario == "helper-dies-during-thread-join":
+        # main() returns at once; a non-daemon thread still runs, and the helper dies while
+        # the interpreter joins that thread at exit.
+        def late_work() -> None:
+            time.sleep(0.3)
+            os.kill(helpers[0].pid, signal.SIGKILL)
+            time.sleep(3)
+            print("NOT REACHED", flush=True)
+
+        threading.Thread(target=late_work, name="late-work").start()
+        return
+    if args.scenario in ("kill-sidecar-then-helper", "hup-sidecar-then-helper"):
+        sig = signal.SIGKILL if args.scenario.startswith("kill") else signal.SIGHUP
+        os.kill(sidecar, sig)
+        time.sleep(1.0)
+        try:
+            os.kill(sidecar, 0)
+            print("SIDECAR ALIVE", flush=True)
+        except ProcessLookupError:
+            print("SIDECAR GONE", flush=True)
+        os.kill(helpers[0].pid, signal.SIGKILL)
+        time.sleep(10)
+        print("NOT REACHED", flush=True)
+        return
     if args.scenario == "clean-exit":
         time.sleep(0.05)
         return
@@ -87,6 +140,27 @@ def main() -> None:
         print("GIL RELEASED", flush=True)
     time.sleep(60)
     print("NOT REACHED", flush=True)
+
+
+def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> None:
+    target, until_disarmed, action = TABLE[args.scenario]
+    if action == "sigchld-ignored":
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children at once
+    helper = ctx.Process(target=target, name="helper-0", daemon=True)  # type: ignore[attr-defined]
+    helper.start()
+    if action == "join-before-watch":
+        helper.join()
+    wd = hk.DisarmableWatchdog(mode=args.mode, clean_exit_policy=args.policy)
+    wd.watch(helper, run_until_disarmed=until_disarmed)
+    wd.arm()
+    print("READY", helper.pid, wd.sidecar_pid or 0, flush=True)
+    if action == "join":
+        helper.join()  # the owner reaps first, routinely
+    elif action == "kill-join":
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.join()
+    survive()
+    wd.disarm()
 
 
 if __name__ == "__main__":
