@@ -546,3 +546,88 @@ def test_sidecar_disarmed_over_its_pipe_exits_cleanly() -> None:
     proc, _pids = run_owner("disarm-then-kill", "--mode", "sidecar")
     assert proc.returncode == 0, proc.stderr
     assert "SURVIVED" in proc.stdout and proc.stderr == ""
+
+
+# --------------------------------------------------------------------------- the sidecar itself
+def test_a_sidecar_that_is_killed_is_reported_and_a_thread_takes_over(tmp_path: Path) -> None:
+    err = tmp_path / "error.json"
+    proc, pids = run_owner(
+        "kill-sidecar-then-helper", "--mode", "sidecar",
+        env={"TORCHELASTIC_ERROR_FILE": str(err)},
+    )  # fmt: skip
+    assert "SIDECAR GONE" in proc.stdout
+    assert "NOT REACHED" not in proc.stdout
+    assert "healthkit sidecar" in proc.stderr and "was killed by SIGKILL" in proc.stderr
+    assert "Watching from a thread in this process from now on" in proc.stderr
+    # The helper's death afterwards is caught by the thread that took over.
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr
+    assert proc.returncode == 1
+    assert "helper-0" in json.loads(err.read_text())["message"]["message"]
+
+
+def test_a_sidecar_survives_sighup_and_still_protects_the_owner(tmp_path: Path) -> None:
+    proc, pids = run_owner("hup-sidecar-then-helper", "--mode", "sidecar")
+    assert "SIDECAR ALIVE" in proc.stdout
+    assert "NOT REACHED" not in proc.stdout
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr
+    assert proc.returncode == -signal.SIGTERM  # the sidecar stopped the owner
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_helper_death_while_non_daemon_threads_are_joined_at_exit_is_reported(
+    mode: str,
+) -> None:
+    proc, pids = run_owner("helper-dies-during-thread-join", "--mode", mode)
+    assert "NOT REACHED" not in proc.stdout
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr
+    assert proc.returncode == (1 if mode == "thread" else -signal.SIGTERM)
+
+
+def test_the_sidecar_runs_isolated_from_the_working_directory(tmp_path: Path) -> None:
+    """A module in the cwd or on PYTHONPATH that shadows the stdlib never runs in the
+    sidecar (it runs as the owner's user, often root). The owner itself does import it
+    (it is the owner's own path); the shadow records who imported it, then hands over the
+    real module so the owner still works."""
+    marker = tmp_path / "imported-by"
+    (tmp_path / "selectors.py").write_text(
+        "import importlib, os, sys\n"
+        f"open({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "here = os.path.dirname(os.path.abspath(__file__))\n"
+        "sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != here]\n"
+        "del sys.modules['selectors']\n"
+        "sys.modules['selectors'] = importlib.import_module('selectors')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, OWNER, "clean-exit", "--mode", "sidecar"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    pids = _ready_pids(proc.stdout)
+    _reap_strays(pids)
+    assert proc.returncode == 0, proc.stderr
+    sidecar = pids[-1]
+    importers = {int(x) for x in marker.read_text().split()}
+    assert importers, "the shadow module never ran: the test proves nothing"
+    assert sidecar not in importers
+
+
+# --------------------------------------------------------------------------- raise_in_main_thread
+def test_raise_in_main_thread_passes_the_applications_own_signals_through() -> None:
+    got: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    p = _start("fork", serve_forever)
+    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()]).arm()
+    try:
+        signal.raise_signal(signal.SIGUSR1)  # the application's own use of SIGUSR1
+        assert got == [signal.SIGUSR1]
+        os.kill(p.pid, signal.SIGKILL)
+        with pytest.raises(hk.ProcessDiedError, match="was killed by SIGKILL"):
+            time.sleep(10)
+        assert got == [signal.SIGUSR1]  # ours did not reach the application's handler
+    finally:
+        wd.disarm()
+        _stop(p)
+        signal.signal(signal.SIGUSR1, previous)
