@@ -202,22 +202,34 @@ def all_cells() -> list[Cell]:
     return cells
 
 
+def _print(res: CellResult) -> None:
+    verdict = "ok" if res.ok else f"BROKEN ({len(res.failures)})"
+    print(
+        f"{res.cell.name():45s} runs={res.runs:4d} fired={res.fired:4d} "
+        f"{res.seconds:6.1f}s {verdict}",
+        flush=True,
+    )
+
+
 def main(argv: list[str]) -> int:
     """``stop_matrix.py RUNS LONG_RUNS OUT.json``: every cell, RUNS runs (LONG_RUNS for the
     10 s cleanup cells); writes the counts and prints one line per cell."""
     runs, long_runs, out = int(argv[0]), int(argv[1]), argv[2]
     results = []
-    for cell in all_cells():
-        n = long_runs if cell.cleanup >= 10 else runs
-        res = run_cell(cell, n, parallel=12 if cell.cleanup >= 10 else 4)
-        results.append(res)
-        verdict = "ok" if res.ok else f"BROKEN ({len(res.failures)})"
-        print(
-            f"{cell.name():45s} runs={res.runs:4d} fired={res.fired:4d} "
-            f"{res.seconds:6.1f}s {verdict}",
-            flush=True,
-        )
+    cells = all_cells()
+    long_cells = [c for c in cells if c.cleanup >= 10]
+    for cell in cells:
+        if cell.cleanup >= 10:
+            continue
+        results.append(run_cell(cell, runs, parallel=4))
+        _print(results[-1])
+    for stop in STOPS:  # the 10 s cells: each stop's six cells together, LONG_RUNS each
+        group = [c for c in long_cells if c.stop == stop]
+        for res in run_cells_together(group, long_runs):
+            results.append(res)
+            _print(res)
     Path(out).write_text(
+
         json.dumps(
             [{**asdict(r.cell), "runs": r.runs, "fired": r.fired, "failures": r.failures,
               "seconds": round(r.seconds, 1)} for r in results],
