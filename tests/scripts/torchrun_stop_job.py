@@ -1,0 +1,57 @@
+"""A 2-rank torchrun job in which every rank owns a watched helper, to be stopped the way
+torchrun stops a job (SIGTERM to each worker's process group, SIGKILL after the agent's
+grace). Each rank checkpoints for ``--cleanup`` seconds in its SIGTERM handler, then exits 0.
+
+Prints "HELPER <rank> <pid>" once its helper runs and is watched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+
+import torch.distributed as dist
+
+import healthkit as hk
+
+
+def helper_server(queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    i = 0
+    while True:
+        queue.put(i)
+        i += 1
+        time.sleep(0.02)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="thread")
+    ap.add_argument("--start-method", default="fork")
+    ap.add_argument("--cleanup", type=float, default=0.2)
+    args = ap.parse_args()
+
+    def on_term(signum: int, frame: object) -> None:
+        time.sleep(args.cleanup)  # a checkpoint
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    ctx = mp.get_context(args.start_method)
+    queue = ctx.Queue()
+    server = ctx.Process(target=helper_server, args=(queue,), name="sampler-server", daemon=True)
+    server.start()
+    hk.DisarmableWatchdog([server], mode=args.mode).arm()
+    dist.barrier()
+    print(f"HELPER {dist.get_rank()} {server.pid}", flush=True)
+    while True:
+        queue.get()  # a training step that feeds on the helper
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

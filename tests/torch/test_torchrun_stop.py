@@ -1,0 +1,89 @@
+"""torchrun stopping a healthy job is never reported as a helper failure: the agent SIGTERMs
+each worker's process group, so every rank's helper dies of the same signal while the rank
+checkpoints in its handler. No rank may fire, and no error file may blame a helper."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import healthkit as hk
+
+JOB = str(Path(__file__).parent.parent / "scripts" / "torchrun_stop_job.py")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_torchrun_watchdog import free_port
+
+
+def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str, list[int]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+            "--nproc_per_node=2", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=hkstop", "--max_restarts=0",
+            f"--log-dir={log_dir}", JOB, "--mode", mode, "--start-method", start_method,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    helpers: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(helpers) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"HELPER \d+ (\d+)", line)
+        if m:
+            helpers.append(int(m.group(1)))
+    try:
+        assert len(helpers) == 2, "".join(lines)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # stop the job: the agent SIGTERMs every worker group
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
+            proc.communicate()
+        for pid in helpers:
+            try:
+                w = hk.ProcessWatch(pid)
+            except hk.NoSuchProcessError:
+                continue
+            with w:
+                if w.wait(10) is None:
+                    w.kill()
+                    w.wait(10)
+    return proc.returncode, "".join(lines) + out, helpers
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize(("mode", "start_method"), [("thread", "fork"), ("sidecar", "spawn")])
+def test_torchrun_stopping_a_healthy_job_fires_nothing(
+    mode: str, start_method: str, tmp_path: Path
+) -> None:
+    runs = int(os.environ.get("HEALTHKIT_SOAK_TORCHRUN_RUNS", "1"))  # scripts/soak: 10 per cell
+    for i in range(runs):
+        log_dir = tmp_path / f"logs-{i}"
+        _, out, helpers = run_and_stop(log_dir, mode, start_method)
+        assert "Received" in out and "SIGTERM" in out, out  # torchrun did stop the job
+        assert "healthkit watchdog" not in out, out
+        for pid in helpers:
+            assert f"(pid {pid})" not in out, out
+        error_files = list(log_dir.rglob("error.json"))
+        assert error_files == [], [p.read_text() for p in error_files]
