@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,9 +20,12 @@ pytest.importorskip("torch")
 import healthkit as hk
 
 JOB = str(Path(__file__).parent.parent / "scripts" / "torchrun_stop_job.py")
-sys.path.insert(0, str(Path(__file__).parent))
 
-from test_torchrun_watchdog import free_port
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str, list[int]]:
