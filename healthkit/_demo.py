@@ -27,6 +27,7 @@ from healthkit._actions import TORCHELASTIC_ERROR_FILE
 from healthkit._barrier import BarrierBrokenError, BoundedBarrier
 from healthkit._bounds import init_bound_from_env
 from healthkit._evidence import find_memory_cgroup
+from healthkit._stop import stop
 from healthkit._watch import ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
 
@@ -213,12 +214,7 @@ def _memory_cgroup() -> Iterator[str | None]:
 
 
 def _stop_all(watches: list[ProcessWatch]) -> None:
-    for w in watches:
-        w.terminate()
-    for w in watches:
-        if w.wait(5) is None:
-            w.kill()
-            w.wait(5)
+    stop(watches, name="demo processes")
 
 
 def _run_server_scenario(guarded: bool, hang_timeout: float, console: Console,

@@ -58,6 +58,7 @@ from healthkit._actions import (
 from healthkit._decide import Verdict, decide, stop_like
 from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
+from healthkit._stop import stop
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, read_proc_stat
 
 __all__ = ["SidecarError", "SidecarLink"]
@@ -280,20 +281,6 @@ class SidecarLink:
 
 
 # ---------------------------------------------------------------------- sidecar process
-def _kill_owner(owner_pidfd: int, grace: float) -> None:
-    try:
-        signal.pidfd_send_signal(owner_pidfd, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    sel = selectors.DefaultSelector()
-    sel.register(owner_pidfd, selectors.EVENT_READ)
-    gone = bool(sel.select(grace))
-    sel.close()
-    if not gone:  # a SIGTERM handler that cannot run while the GIL is held
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(owner_pidfd, signal.SIGKILL)
-
-
 class _Watched:
     def __init__(
         self, watch: ProcessWatch | None, msg: dict[str, Any], status: ExitStatus | None
@@ -318,7 +305,7 @@ class _Sidecar:
         self.config: dict[str, Any] = {}
         self.sel = selectors.DefaultSelector()
         self.diagnoser: ExitDiagnoser | None = None
-        self.owner_pidfd = -1
+        self.owner: ProcessWatch | None = None
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -481,7 +468,10 @@ class _Sidecar:
             "stopping the owner (pid %d) so the launcher tears the job down",
             config["owner_pid"],
         )
-        _kill_owner(self.owner_pidfd, float(config["kill_grace"]))
+        assert self.owner is not None
+        # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
+        # the owner's GIL is held.
+        stop([self.owner], term_timeout=float(config["kill_grace"]), name="the owner")
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
         # stop the other processes it asked us to watch, as its normal exit would have.
         for other in self.watched.values():
@@ -497,12 +487,12 @@ class _Sidecar:
                 return 0
             self.config = msgs[0]
         try:
-            self.owner_pidfd = os.pidfd_open(self.config["owner_pid"])
-        except ProcessLookupError:
+            self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
+        except NoSuchProcessError:
             return 0
         self.diagnoser = ExitDiagnoser()
         self.sel.register(self.sock, selectors.EVENT_READ, "control")
-        self.sel.register(self.owner_pidfd, selectors.EVENT_READ, "owner")
+        self.sel.register(self.owner.fileno(), selectors.EVENT_READ, "owner")
         if self.stop_fd is not None:
             os.set_blocking(self.stop_fd, False)
             self.sel.register(self.stop_fd, selectors.EVENT_READ, "stop")

@@ -23,7 +23,9 @@ OWNER = str(Path(__file__).parent.parent / "scripts" / "owner.py")
 TABLE: dict[str, tuple[list[str], bool, tuple[str, ...]]] = {
     "allowed-exit0-joined": ([], False, ()),
     "allowed-exit0-before-watch": ([], False, ()),
-    "until-exit0": ([], True, ("exited with code 0 while it was expected to run",)),
+    "until-exit0": (
+        [], True, ("exited with code 0 while it was expected to run", "cause: returned early")
+    ),
     "until-exit0-warn": (["--policy", "warn"], False, ()),
     "exit3-joined": ([], True, ("exited with code 3",)),
     "sigkill-joined": ([], True, ("was killed by SIGKILL",)),

@@ -1,0 +1,161 @@
+"""stop(): the one way to end a set of processes: ask, SIGTERM, SIGKILL, one shared deadline.
+
+Every owner of helper processes needs the same ladder at teardown: ask them to finish (a STOP
+command, a closed queue), wait a little, SIGTERM those that did not, wait, SIGKILL the rest,
+wait, and say which ones never ended. Written once here, it is the same everywhere: signals go
+through pidfds (never a recycled pid), the waiting is one WatchSet (no polling), the bound is
+the sum of the three steps measured from one start (not per process), and each escalation is
+logged at WARNING, because a worker that had to be SIGKILLed is a fact someone will look for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from multiprocessing.process import BaseProcess
+
+import attrs
+
+from healthkit._errors import NoSuchProcessError, check_timeout
+from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+
+__all__ = ["StopReport", "stop"]
+
+logger = logging.getLogger("healthkit")
+
+StopTarget = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
+
+
+@attrs.frozen
+class StopReport:
+    """How a :func:`stop` went: which processes needed which step, and their statuses."""
+
+    ended_when_asked: tuple[int, ...]  # pids that ended within the grace
+    terminated: tuple[int, ...]  # pids that needed SIGTERM
+    killed: tuple[int, ...]  # pids that needed SIGKILL
+    survivors: tuple[int, ...]  # pids still running after SIGKILL and its wait
+    statuses: dict[int, ExitStatus | None]
+    seconds: float
+
+    @property
+    def escalated(self) -> bool:
+        return bool(self.terminated or self.killed or self.survivors)
+
+
+def stop(
+    targets: Iterable[StopTarget],
+    *,
+    request: Callable[[], None] | None = None,
+    grace: float = 0.0,
+    term_timeout: float = 5.0,
+    kill_timeout: float = 5.0,
+    name: str = "processes",
+    log: logging.Logger | None = None,
+) -> StopReport:
+    """Stop ``targets`` with the STOP -> join -> SIGTERM -> SIGKILL ladder and return a report.
+
+    ``request()`` (optional) asks them to finish by themselves (e.g. puts a STOP command on
+    their queues); then up to ``grace`` seconds for them to end; SIGTERM to the rest and up to
+    ``term_timeout`` seconds; SIGKILL to the rest and up to ``kill_timeout`` seconds. The whole
+    call is bounded by ``grace + term_timeout + kill_timeout``. Processes whose owner objects
+    are given (``Process``, ``Popen``) are reaped through them; bare pids are left to their
+    parent. Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
+    """
+    grace_s = check_timeout(grace, "grace", allow_none=False)
+    term_s = check_timeout(term_timeout, "term_timeout", allow_none=False)
+    kill_s = check_timeout(kill_timeout, "kill_timeout", allow_none=False)
+    assert grace_s is not None and term_s is not None and kill_s is not None
+    log = log or logger
+    started = time.monotonic()
+    owners: list[BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str]] = []
+    watches: list[ProcessWatch] = []
+    built: list[ProcessWatch] = []
+    for target in targets:
+        if isinstance(target, ProcessWatch):
+            watches.append(target)
+            continue
+        if isinstance(target, BaseProcess) and target.pid is None:
+            continue  # never started: nothing to stop
+        try:
+            watch = ProcessWatch(target)
+        except NoSuchProcessError:
+            continue  # a bare pid already gone
+        watches.append(watch)
+        built.append(watch)
+        if not isinstance(target, int):
+            owners.append(target)
+    try:
+        if request is not None:
+            try:
+                request()
+            except Exception:
+                log.debug("stop(%s): the stop request failed; escalating", name, exc_info=True)
+        alive = _wait_all(watches, started + grace_s)
+        terminated = tuple(w.pid for w in alive)
+        if alive and request is not None:
+            log.warning(
+                "%s %s did not end within %.3gs of the stop request; sending SIGTERM",
+                name, list(terminated), grace_s,
+            )  # fmt: skip
+            for w in alive:
+                w.send_signal(signal.SIGTERM)
+            alive = _wait_all(alive, started + grace_s + term_s)
+        killed = tuple(w.pid for w in alive)
+        if alive:
+            log.warning(
+                "%s %s ignored SIGTERM for %.3gs; sending SIGKILL", name, list(killed), term_s
+            )
+            for w in alive:
+                w.kill()
+            alive = _wait_all(alive, started + grace_s + term_s + kill_s)
+        survivors = tuple(w.pid for w in alive)
+        if alive:
+            log.error(
+                "%s %s still running %.3gs after SIGKILL (stuck in the kernel: D state?)",
+                name, list(survivors), kill_s,
+            )  # fmt: skip
+        for owner in owners:
+            _reap(owner)
+        ended_first = tuple(w.pid for w in watches if w.pid not in terminated)
+        return StopReport(
+            ended_when_asked=ended_first,
+            terminated=tuple(p for p in terminated if p not in killed),
+            killed=tuple(p for p in killed if p not in survivors),
+            survivors=survivors,
+            statuses={w.pid: w.status for w in watches},
+            seconds=time.monotonic() - started,
+        )
+    finally:
+        for w in built:
+            w.close()
+
+
+def _wait_all(watches: list[ProcessWatch], deadline: float) -> list[ProcessWatch]:
+    """Wait until every watch has ended or ``deadline`` passes; return those still running."""
+    alive = [w for w in watches if w.poll() is None]
+    if not alive:
+        return []
+    with WatchSet(alive) as ws:
+        while len(ws):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for w in ws.wait(remaining):
+                ws.remove(w)
+        return list(ws)
+
+
+def _reap(owner: BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """Collect an ended process through its owner object (bounded: it has ended)."""
+    with contextlib.suppress(Exception):
+        if isinstance(owner, BaseProcess):
+            if owner.exitcode is None:
+                owner.join(1.0)
+            else:
+                owner.join(0)
+        else:
+            owner.wait(1.0)
