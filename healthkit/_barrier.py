@@ -36,8 +36,9 @@ from healthkit._errors import (
     check_bound,
     check_timeout,
 )
+from healthkit._proc import read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
-from healthkit._watch import ProcessWatch, read_proc_stat
+from healthkit._watch import ProcessWatch
 
 __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
 

@@ -58,8 +58,9 @@ from healthkit._actions import (
 from healthkit._decide import Verdict, decide, stop_like
 from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
+from healthkit._proc import read_proc_stat
 from healthkit._stop import stop
-from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, read_proc_stat
+from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
 
 __all__ = ["SidecarError", "SidecarLink"]
 

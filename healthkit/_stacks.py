@@ -30,7 +30,7 @@ import time
 from typing import IO
 
 from healthkit._errors import InvalidArgumentTypeError, check_pid, check_signal, check_timeout
-from healthkit._watch import read_proc_stat
+from healthkit._proc import catches_signal, read_proc_stat
 
 __all__ = ["dump_stack", "dump_stacks", "enable_stack_dumps", "stack_file"]
 
@@ -130,18 +130,6 @@ def _read_header(path: str) -> tuple[int, int | None, int] | None:
         )
     except (KeyError, ValueError):
         return None
-
-
-def catches_signal(pid: int, signum: int, proc_root: str = "/proc") -> bool:
-    """Whether the process has a handler installed for ``signum`` (``SigCgt``)."""
-    try:
-        with open(f"{proc_root}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"SigCgt:"):
-                    return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
-    except (OSError, ValueError, IndexError):
-        return False
-    return False
 
 
 def signalled_by_us(pid: int | None, signum: int, *, within: float = 300.0) -> bool:

@@ -49,6 +49,7 @@ from healthkit._errors import (
     check_pid,
     check_timeout,
 )
+from healthkit._proc import may_read_exit_code, read_peak_rss, read_proc_stat
 
 _log = logging.getLogger("healthkit")
 
@@ -96,63 +97,12 @@ class ExitStatus:
         return self.returncode
 
 
-@attrs.frozen
-class ProcStat:
-    """The fields of ``/proc/<pid>/stat`` that healthkit needs."""
-
-    pid: int
-    comm: str
-    state: str
-    ppid: int
-    pgrp: int
-    start_time: int
-    exit_status: int | None  # raw wait status (field 52), meaningful for a zombie
-
-
-def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
-    """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone, or when the
-    file is truncated or garbled (logged as a warning: the caller then knows nothing)."""
-    try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError as e:
-        _log.warning("cannot read %s/%s/stat (%s): its state is unknown", proc_root, pid, e)
-        return None
-    # comm may contain spaces and parentheses: it ends at the *last* ')'.
-    head, paren, tail = raw.rpartition(")")
-    comm = head.partition("(")[2]
-    fields = tail.split()
-    # fields[0] is field 3 (state); field N is fields[N - 3].
-    try:
-        if not paren or len(fields) < 20:
-            raise ValueError("too few fields")
-        exit_status = int(fields[49]) if len(fields) > 49 else None
-        return ProcStat(
-            pid=pid,
-            comm=comm,
-            state=fields[0],
-            ppid=int(fields[1]),
-            pgrp=int(fields[2]),
-            start_time=int(fields[19]),
-            exit_status=exit_status,
-        )
-    except ValueError as e:
-        _log.warning(
-            "%s/%s/stat is malformed (%s: %r...): its state is unknown",
-            proc_root, pid, e, raw[:80],
-        )
-        return None
-
-
 def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
     if info.si_code == os.CLD_EXITED:
         return ExitStatus(info.si_status, source)
     return ExitStatus(-info.si_status, source, core_dumped=info.si_code == os.CLD_DUMPED)
 
 
-_CAP_SYS_PTRACE: Final = 19
 #: ``ExitStatus.source`` when a non-child's zombie hides its exit code from us.
 UNKNOWN_NOT_PERMITTED: Final = "unknown: not permitted to read another user's exit status"
 #: ``ExitStatus.source`` when the kernel discarded a child's status (SIGCHLD ignored).
@@ -212,45 +162,6 @@ def _serialize_forkserver_poll(process: BaseProcess) -> None:
 
     popen._healthkit_poll_lock = lock
     popen.poll = poll
-
-
-def _status_ids(path: str) -> tuple[list[int], list[int], int] | None:
-    """(uids, gids, effective capabilities) from a ``/proc/<pid>/status`` file."""
-    uids: list[int] = []
-    gids: list[int] = []
-    cap_eff = 0
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    uids = [int(x) for x in line.split()[1:]]
-                elif line.startswith(b"Gid:"):
-                    gids = [int(x) for x in line.split()[1:]]
-                elif line.startswith(b"CapEff:"):
-                    cap_eff = int(line.split()[1], 16)
-    except (OSError, ValueError):
-        return None
-    if len(uids) < 4 or len(gids) < 4:
-        return None
-    return uids, gids, cap_eff
-
-
-def _may_read_exit_code(pid: int, proc_root: str) -> bool:
-    """Whether the kernel shows us the exit code in ``pid``'s ``/proc/<pid>/stat``.
-
-    It shows it only to callers that pass ``ptrace_may_access(PTRACE_MODE_READ_FSCREDS)``
-    and prints a plain ``0`` to everyone else, which would read as a clean exit. That
-    check is (LSMs aside): the target's real, effective and saved uid and gid all equal
-    our fsuid and fsgid, or we hold CAP_SYS_PTRACE. Unknown credentials count as readable.
-    """
-    theirs = _status_ids(f"{proc_root}/{pid}/status")
-    mine = _status_ids("/proc/self/status")
-    if theirs is None or mine is None:
-        return True
-    if (mine[2] >> _CAP_SYS_PTRACE) & 1:
-        return True
-    fsuid, fsgid = mine[0][3], mine[1][3]
-    return all(u == fsuid for u in theirs[0][:3]) and all(g == fsgid for g in theirs[1][:3])
 
 
 def _readable_now(fd: int) -> bool:
@@ -379,7 +290,7 @@ class ProcessWatch:
             return False
         stat = read_proc_stat(self.pid, self._proc_root)
         if not self.is_child:
-            self._exit_code_readable = _may_read_exit_code(self.pid, self._proc_root)
+            self._exit_code_readable = may_read_exit_code(self.pid, self._proc_root)
         # The stat just read is this process's only if it still existed (maybe as a zombie,
         # which keeps its pid) *after* the read: a signal 0 through the pidfd proves it.
         # Otherwise the pid may already name a newcomer, whose start time must not be
@@ -512,17 +423,9 @@ class ProcessWatch:
             return self._peak_rss
         if self._pidfd is not None and _readable_now(self._pidfd):
             return self._peak_rss  # exited: the pid may already name someone else
-        try:
-            with open(f"{self._proc_root}/{self.pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"VmHWM:"):
-                        kib = int(line.split()[1])
-                        rss = kib * 1024
-                        if self._peak_rss is None or rss > self._peak_rss:
-                            self._peak_rss = rss
-                        break
-        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
-            pass
+        rss = read_peak_rss(self.pid, self._proc_root)
+        if rss is not None and (self._peak_rss is None or rss > self._peak_rss):
+            self._peak_rss = rss
         return self._peak_rss
 
     def close(self) -> None:

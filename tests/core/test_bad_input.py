@@ -39,7 +39,7 @@ from healthkit import (
     WatchSet,
 )
 from healthkit._evidence import MemoryCgroup, find_memory_cgroup
-from healthkit._watch import read_proc_stat
+from healthkit._proc import read_proc_stat
 
 pytestmark = pytest.mark.security
 

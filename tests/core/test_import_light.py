@@ -15,3 +15,44 @@ def test_import_healthkit_does_not_import_heavy_dependencies() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == ""
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Each core module -> the core modules it imports (at any level, lazily included,
+    ``if TYPE_CHECKING:`` blocks excluded: they never run)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "healthkit"
+    graph: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        skipped: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+                skipped.update(id(n) for n in ast.walk(node))
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            if node.module == "healthkit":
+                deps.update(alias.name for alias in node.names)
+            elif node.module.startswith("healthkit."):
+                deps.add(node.module.removeprefix("healthkit."))
+        graph[path.stem] = deps - {path.stem}
+    return graph
+
+
+def test_the_core_has_no_import_circle() -> None:
+    graph = _core_imports()
+    assert "_watchdog" in graph and "_sidecar" in graph["_watchdog"]  # the graph is real
+    modules = [m for m in graph if m != "__init__"]
+    for start in modules:
+        seen: set[str] = set()
+        todo = [d for d in graph[start] if d != "__init__"]
+        while todo:
+            mod = todo.pop()
+            assert mod != start, f"import circle through {start}"
+            if mod not in seen:
+                seen.add(mod)
+                todo.extend(d for d in graph.get(mod, ()) if d != "__init__")

@@ -386,7 +386,7 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 
 
 def _start_time(pid: int) -> int:
-    from healthkit._watch import read_proc_stat
+    from healthkit._proc import read_proc_stat
 
     stat_ = read_proc_stat(pid)
     assert stat_ is not None

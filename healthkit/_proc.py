@@ -1,0 +1,168 @@
+"""Readers of ``/proc``: the one place that parses what the kernel says about a process.
+
+Every reader takes ``proc_root`` so tests can point it at a tree of real file formats, and
+none raises on a process that is gone, a file it may not read, or a malformed file: the
+caller then knows nothing (``None``/``False``), and a malformed file is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import attrs
+
+__all__ = [
+    "ProcStat",
+    "catches_signal",
+    "children",
+    "descendants",
+    "may_read_exit_code",
+    "read_peak_rss",
+    "read_proc_stat",
+    "status_ids",
+]
+
+_log = logging.getLogger("healthkit")
+_CAP_SYS_PTRACE = 19
+
+
+@attrs.frozen
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` that healthkit needs."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgrp: int
+    start_time: int
+    exit_status: int | None  # raw wait status (field 52), meaningful for a zombie
+
+
+def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
+    """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone, or when the
+    file is truncated or garbled (logged as a warning: the caller then knows nothing)."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError as e:
+        _log.warning("cannot read %s/%s/stat (%s): its state is unknown", proc_root, pid, e)
+        return None
+    # comm may contain spaces and parentheses: it ends at the *last* ')'.
+    head, paren, tail = raw.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = tail.split()
+    # fields[0] is field 3 (state); field N is fields[N - 3].
+    try:
+        if not paren or len(fields) < 20:
+            raise ValueError("too few fields")
+        exit_status = int(fields[49]) if len(fields) > 49 else None
+        return ProcStat(
+            pid=pid,
+            comm=comm,
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgrp=int(fields[2]),
+            start_time=int(fields[19]),
+            exit_status=exit_status,
+        )
+    except ValueError as e:
+        _log.warning(
+            "%s/%s/stat is malformed (%s: %r...): its state is unknown",
+            proc_root, pid, e, raw[:80],
+        )
+        return None
+
+
+def status_ids(path: str) -> tuple[list[int], list[int], int] | None:
+    """(uids, gids, effective capabilities) from a ``/proc/<pid>/status`` file."""
+    uids: list[int] = []
+    gids: list[int] = []
+    cap_eff = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    uids = [int(x) for x in line.split()[1:]]
+                elif line.startswith(b"Gid:"):
+                    gids = [int(x) for x in line.split()[1:]]
+                elif line.startswith(b"CapEff:"):
+                    cap_eff = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    if len(uids) < 4 or len(gids) < 4:
+        return None
+    return uids, gids, cap_eff
+
+
+def may_read_exit_code(pid: int, proc_root: str) -> bool:
+    """Whether the kernel shows us the exit code in ``pid``'s ``/proc/<pid>/stat``.
+
+    It shows it only to callers that pass ``ptrace_may_access(PTRACE_MODE_READ_FSCREDS)``
+    and prints a plain ``0`` to everyone else, which would read as a clean exit. That
+    check is (LSMs aside): the target's real, effective and saved uid and gid all equal
+    our fsuid and fsgid, or we hold CAP_SYS_PTRACE. Unknown credentials count as readable.
+    """
+    theirs = status_ids(f"{proc_root}/{pid}/status")
+    mine = status_ids("/proc/self/status")
+    if theirs is None or mine is None:
+        return True
+    if (mine[2] >> _CAP_SYS_PTRACE) & 1:
+        return True
+    fsuid, fsgid = mine[0][3], mine[1][3]
+    return all(u == fsuid for u in theirs[0][:3]) and all(g == fsgid for g in theirs[1][:3])
+
+
+def catches_signal(pid: int, signum: int, proc_root: str = "/proc") -> bool:
+    """Whether the process has a handler installed for ``signum`` (``SigCgt``)."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def read_peak_rss(pid: int, proc_root: str = "/proc") -> int | None:
+    """The kernel's peak resident set size (``VmHWM``) of a live process, in bytes."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def children(pid: int, proc_root: str = "/proc") -> list[int]:
+    """Direct children of ``pid`` (zombies included), from every thread's ``children`` file
+    (a child belongs to the thread that forked it)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"{proc_root}/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{proc_root}/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = children(todo.pop(0), proc_root)
+        out.extend(kids)
+        todo.extend(kids)
+    return out
