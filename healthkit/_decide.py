@@ -5,12 +5,24 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
+from healthkit._errors import InvalidArgumentError
 from healthkit._stopsignals import STOP_SIGNALS
 from healthkit._watch import ExitStatus
 
-__all__ = ["CleanExitPolicy", "Verdict", "decide", "stop_like"]
+__all__ = ["OnCleanExit", "Verdict", "check_on_clean_exit", "decide", "stop_like"]
 
-CleanExitPolicy = Literal["fail", "warn"]
+#: What an exit 0 while armed means for one watched process: "fail" (it was meant to run
+#: until disarmed: returning early leaves its clients waiting), "warn" (log it, do not act)
+#: or "ignore" (finishing is normal for it).
+OnCleanExit = Literal["fail", "warn", "ignore"]
+
+
+def check_on_clean_exit(value: object) -> OnCleanExit:
+    if value not in ("fail", "warn", "ignore"):
+        raise InvalidArgumentError(
+            f"on_clean_exit must be 'fail', 'warn' or 'ignore', got {value!r}", "on_clean_exit"
+        )
+    return value
 
 
 class Verdict(enum.Enum):
@@ -39,8 +51,7 @@ def decide(
     status: ExitStatus | None,
     *,
     armed: bool,
-    run_until_disarmed: bool,
-    clean_exit_policy: CleanExitPolicy = "fail",
+    on_clean_exit: OnCleanExit = "fail",
     owner_stopping: bool = False,
 ) -> Verdict:
     """The whole firing decision (tested branch by branch, in both watcher modes).
@@ -48,12 +59,11 @@ def decide(
     - alive: keep watching;
     - any exit after disarm: ignore (teardown SIGTERMs are not crashes);
     - a stop-like exit while this process is itself being stopped: ignore (a group stop);
-    - an unknown exit status: a process declared to run until disarmed has ended, which is
-      a failure whatever its code (fire, or warn under the "warn" policy); for a process
-      allowed to finish, nothing is known to be wrong, so warn and do not act;
+    - an unknown exit status: a process meant to run until disarmed (``"fail"``) has ended,
+      which is a failure whatever its code, so fire; otherwise nothing is known to be
+      wrong, so warn and do not act;
     - non-zero or signal exit while armed: fire;
-    - exit 0 while armed: fine for a process allowed to finish; for one declared to run
-      until disarmed, an early return leaves its clients waiting, so fire (or warn).
+    - exit 0 while armed: ``on_clean_exit`` says (fire, warn or ignore).
     """
     if status is None:
         return Verdict.KEEP_WATCHING
@@ -62,11 +72,7 @@ def decide(
     if owner_stopping and stop_like(status):
         return Verdict.IGNORE
     if status.returncode is None:
-        if run_until_disarmed and clean_exit_policy == "fail":
-            return Verdict.FIRE
-        return Verdict.WARN
+        return Verdict.FIRE if on_clean_exit == "fail" else Verdict.WARN
     if status.returncode != 0:
         return Verdict.FIRE
-    if not run_until_disarmed:
-        return Verdict.IGNORE
-    return Verdict.FIRE if clean_exit_policy == "fail" else Verdict.WARN
+    return {"fail": Verdict.FIRE, "warn": Verdict.WARN, "ignore": Verdict.IGNORE}[on_clean_exit]

@@ -454,5 +454,5 @@ def returned_early(diagnosis: Diagnosis) -> Diagnosis:
         what="exited with code 0 while it was expected to run until disarmed",
         likely="it returned early, so whoever depends on it will wait forever",
         hint="Check its log for why it stopped; if finishing is normal for it, watch it "
-        "with run_until_disarmed=False",
+        'with on_clean_exit="ignore"',
     )

@@ -55,7 +55,7 @@ from healthkit._actions import (
     log_diagnosis,
     write_torchelastic_error_file,
 )
-from healthkit._decide import Verdict, decide, stop_like
+from healthkit._decide import Verdict, check_on_clean_exit, decide, stop_like
 from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._proc import read_proc_stat
@@ -106,7 +106,6 @@ class SidecarLink:
         self,
         *,
         name: str,
-        clean_exit_policy: str,
         kill_grace: float,
         stop_grace: float,
         stop_fd: int | None,
@@ -139,7 +138,6 @@ class SidecarLink:
             owner_start_time=me.start_time if me else None,
             owner_pgrp=os.getpgrp(),
             name=name,
-            clean_exit_policy=clean_exit_policy,
             kill_grace=kill_grace,
             stop_grace=stop_grace,
         )
@@ -160,7 +158,7 @@ class SidecarLink:
         *,
         pid: int,
         name: str,
-        run_until_disarmed: bool,
+        on_clean_exit: str,
         pgrp: int | None,
         ended: bool,
         returncode: int | None,
@@ -173,7 +171,7 @@ class SidecarLink:
                 pid=pid,
                 name=name,
                 start_time=stat.start_time if stat else None,
-                run_until_disarmed=run_until_disarmed,
+                on_clean_exit=on_clean_exit,
                 pgrp=pgrp,
                 ended=ended,
                 returncode=returncode,
@@ -289,7 +287,7 @@ class _Watched:
         self.watch = watch
         self.pid: int = msg["pid"]
         self.name: str = msg["name"]
-        self.run_until_disarmed = bool(msg["run_until_disarmed"])
+        self.on_clean_exit = check_on_clean_exit(msg["on_clean_exit"])
         self.pgrp: int | None = msg.get("pgrp")
         self.status = status  # known before watching (ended, or gone already)
 
@@ -445,8 +443,7 @@ class _Sidecar:
         return decide(
             status,
             armed=True,
-            run_until_disarmed=entry.run_until_disarmed,
-            clean_exit_policy=self.config["clean_exit_policy"],
+            on_clean_exit=entry.on_clean_exit,
             owner_stopping=self.stopping,
         )
 
@@ -457,7 +454,7 @@ class _Sidecar:
             entry.watch if entry.watch is not None and entry.watch.status is status else status
         )
         diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid)
-        if diagnosis.exit_code == 0 and entry.run_until_disarmed:
+        if diagnosis.exit_code == 0 and entry.on_clean_exit != "ignore":
             diagnosis = returned_early(diagnosis)
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
         for action in (log_diagnosis(), write_torchelastic_error_file()):

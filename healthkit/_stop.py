@@ -96,11 +96,12 @@ def stop(
                 log.debug("stop(%s): the stop request failed; escalating", name, exc_info=True)
         alive = _wait_all(watches, started + grace_s)
         terminated = tuple(w.pid for w in alive)
-        if alive and request is not None:
-            log.warning(
-                "%s %s did not end within %.3gs of the stop request; sending SIGTERM",
-                name, list(terminated), grace_s,
-            )  # fmt: skip
+        if alive:
+            if request is not None:
+                log.warning(
+                    "%s %s did not end within %.3gs of the stop request; sending SIGTERM",
+                    name, list(terminated), grace_s,
+                )  # fmt: skip
             for w in alive:
                 w.send_signal(signal.SIGTERM)
             alive = _wait_all(alive, started + grace_s + term_s)

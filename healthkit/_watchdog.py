@@ -33,7 +33,7 @@ import attrs
 
 from healthkit import _stopsignals
 from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
-from healthkit._decide import CleanExitPolicy, Verdict, decide, stop_like
+from healthkit._decide import OnCleanExit, Verdict, check_on_clean_exit, decide, stop_like
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early
 from healthkit._errors import (
     InterpreterShutdownError,
@@ -55,7 +55,7 @@ Target = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen
 @attrs.define(eq=False)
 class _Entry:
     watch: ProcessWatch
-    run_until_disarmed: bool
+    on_clean_exit: OnCleanExit
     owned: bool  # we built the ProcessWatch, so we close it
 
 
@@ -135,7 +135,7 @@ class DisarmableWatchdog:
         mode: Literal["thread", "sidecar"] = "thread",
         name: str = "healthkit watchdog",
         diagnoser: ExitDiagnoser | None = None,
-        clean_exit_policy: CleanExitPolicy = "fail",
+        on_clean_exit: OnCleanExit = "fail",
         exit_code: int = 1,
         kill_grace: float = 2.0,
         rss_sample_interval: float | None = None,
@@ -143,10 +143,6 @@ class DisarmableWatchdog:
     ) -> None:
         if mode not in ("thread", "sidecar"):
             raise ValueError(f"mode must be 'thread' or 'sidecar', got {mode!r}")
-        if clean_exit_policy not in ("fail", "warn"):
-            raise ValueError(
-                f"clean_exit_policy must be 'fail' or 'warn', got {clean_exit_policy!r}"
-            )
         if mode == "sidecar" and actions is not None:
             raise ValueError(
                 "mode='sidecar' runs fixed actions in another process (log, error file, "
@@ -157,7 +153,7 @@ class DisarmableWatchdog:
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         self.name = name
         self.mode = mode
-        self.clean_exit_policy: CleanExitPolicy = clean_exit_policy
+        self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
         self.exit_code = check_exit_code(exit_code, "exit_code")
         grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
         assert grace is not None
@@ -219,11 +215,17 @@ class DisarmableWatchdog:
         _stopsignals.note_stop(signum)
 
     def watch(
-        self, target: Target, *, name: str | None = None, run_until_disarmed: bool = True
+        self,
+        target: Target,
+        *,
+        name: str | None = None,
+        on_clean_exit: OnCleanExit | None = None,
     ) -> ProcessWatch:
-        """Add a process. ``run_until_disarmed`` means even an exit 0 before disarm is a
-        failure (a server that returns early hangs its clients) under the default policy.
+        """Add a process. ``on_clean_exit`` (default: the watchdog's) says what its exit 0
+        while armed means: ``"fail"`` (it was meant to run until disarmed: a server that
+        returns early hangs its clients), ``"warn"`` or ``"ignore"`` (finishing is normal).
         Watching the same process twice returns the existing watch."""
+        rule = self.on_clean_exit if on_clean_exit is None else check_on_clean_exit(on_clean_exit)
         if isinstance(target, int):
             check_pid(target, "target")
         elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
@@ -239,7 +241,7 @@ class DisarmableWatchdog:
                 return known.watch
             owned = not isinstance(target, ProcessWatch)
             watch = target if isinstance(target, ProcessWatch) else ProcessWatch(target, name=name)
-            entry = _Entry(watch, run_until_disarmed, owned)
+            entry = _Entry(watch, rule, owned)
             self._entries[id(watch)] = entry
             self._by_pid[watch.pid] = entry
             if self._armed and not self._inert:
@@ -289,7 +291,6 @@ class DisarmableWatchdog:
             if self.mode == "sidecar":
                 link = SidecarLink(
                     name=self.name,
-                    clean_exit_policy=self.clean_exit_policy,
                     kill_grace=self.kill_grace,
                     stop_grace=self.stop_grace,
                     stop_fd=stop_fd,
@@ -415,7 +416,7 @@ class DisarmableWatchdog:
         link.watch(
             pid=w.pid,
             name=w.name,
-            run_until_disarmed=entry.run_until_disarmed,
+            on_clean_exit=entry.on_clean_exit,
             pgrp=w.pgrp,
             ended=ended is not None,
             returncode=ended.returncode if ended is not None else None,
@@ -474,8 +475,7 @@ class DisarmableWatchdog:
         return decide(
             status,
             armed=armed,
-            run_until_disarmed=entry.run_until_disarmed,
-            clean_exit_policy=self.clean_exit_policy,
+            on_clean_exit=entry.on_clean_exit,
             owner_stopping=_stopsignals.stop_seen() is not None,
         )
 
@@ -557,6 +557,6 @@ def _wait_for_stop(grace: float) -> bool:
 
 
 def _early_exit_wording(diagnosis: Diagnosis, entry: _Entry) -> Diagnosis:
-    if diagnosis.exit_code == 0 and entry.run_until_disarmed:
+    if diagnosis.exit_code == 0 and entry.on_clean_exit != "ignore":
         return returned_early(diagnosis)
     return diagnosis

@@ -26,7 +26,7 @@ TABLE: dict[str, tuple[list[str], bool, tuple[str, ...]]] = {
     "until-exit0": (
         [], True, ("exited with code 0 while it was expected to run", "cause: returned early")
     ),
-    "until-exit0-warn": (["--policy", "warn"], False, ()),
+    "until-exit0-warn": ([], False, ()),
     "exit3-joined": ([], True, ("exited with code 3",)),
     "sigkill-joined": ([], True, ("was killed by SIGKILL",)),
     "sigchld-ignored-allowed-exit0": ([], False, ()),
@@ -86,29 +86,28 @@ def test_both_modes_fire_on_the_same_endings(scenario: str, mode: str, tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("rc", "until", "policy", "stopping", "verdict"),
+    ("rc", "on_clean_exit", "stopping", "verdict"),
     [
-        (-15, True, "fail", True, Verdict.IGNORE),  # the helper's share of a group stop
-        (-2, True, "fail", True, Verdict.IGNORE),
-        (1, True, "fail", True, Verdict.IGNORE),  # a forked helper ran the inherited handler
-        (0, True, "fail", True, Verdict.IGNORE),
-        (-9, True, "fail", True, Verdict.FIRE),  # SIGKILL is never a stop request
-        (-11, False, "fail", True, Verdict.FIRE),  # nor a crash
-        (None, True, "fail", False, Verdict.FIRE),  # unknown: it ended, that is enough
-        (None, True, "warn", False, Verdict.WARN),
-        (None, False, "fail", False, Verdict.WARN),  # allowed to finish: nothing known wrong
-        (None, True, "fail", True, Verdict.IGNORE),
+        (-15, "fail", True, Verdict.IGNORE),  # the helper's share of a group stop
+        (-2, "fail", True, Verdict.IGNORE),
+        (1, "fail", True, Verdict.IGNORE),  # a forked helper ran the inherited handler
+        (0, "fail", True, Verdict.IGNORE),
+        (-9, "fail", True, Verdict.FIRE),  # SIGKILL is never a stop request
+        (-11, "ignore", True, Verdict.FIRE),  # nor a crash
+        (None, "fail", False, Verdict.FIRE),  # unknown: it ended, that is enough
+        (None, "warn", False, Verdict.WARN),
+        (None, "ignore", False, Verdict.WARN),  # allowed to finish: nothing known wrong
+        (None, "fail", True, Verdict.IGNORE),
     ],
 )
 def test_decide_with_stops_and_unknown_statuses(
-    rc: int | None, until: bool, policy: str, stopping: bool, verdict: Verdict
+    rc: int | None, on_clean_exit: str, stopping: bool, verdict: Verdict
 ) -> None:
     status = hk.ExitStatus(rc, "fabricated")
     got = decide(
         status,
         armed=True,
-        run_until_disarmed=until,
-        clean_exit_policy=policy,  # type: ignore[arg-type]
+        on_clean_exit=on_clean_exit,  # type: ignore[arg-type]
         owner_stopping=stopping,
     )
     assert got is verdict

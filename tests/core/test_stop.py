@@ -84,3 +84,16 @@ def test_bad_bounds_are_rejected_and_gone_or_unstarted_targets_are_skipped() -> 
     done.wait()
     report = stop([never_started, done], term_timeout=1)
     assert not report.escalated
+
+
+@pytest.mark.timeout(30)
+def test_without_a_request_sigterm_comes_first_and_is_not_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with caplog.at_level(logging.WARNING, logger="healthkit"):
+        report = stop([sleeper], term_timeout=10)
+    assert report.terminated == (sleeper.pid,) and not report.killed
+    assert sleeper.returncode == -signal.SIGTERM
+    assert report.seconds < 10
+    assert caplog.records == []

@@ -40,29 +40,28 @@ def _status(rc: int | None) -> hk.ExitStatus | None:
 
 # --------------------------------------------------------------------------- decide()
 @pytest.mark.parametrize(
-    ("rc", "armed", "until_disarmed", "policy", "verdict"),
+    ("rc", "armed", "on_clean_exit", "verdict"),
     [
-        (None, True, True, "fail", Verdict.KEEP_WATCHING),  # alive
-        (None, False, True, "fail", Verdict.KEEP_WATCHING),
-        (-9, True, True, "fail", Verdict.FIRE),  # abnormal while armed
-        (3, True, False, "fail", Verdict.FIRE),
-        (-15, False, True, "fail", Verdict.IGNORE),  # teardown SIGTERM after disarm
-        (-9, False, True, "fail", Verdict.IGNORE),  # any exit after disarm
-        (0, False, True, "fail", Verdict.IGNORE),
-        (0, True, False, "fail", Verdict.IGNORE),  # allowed to finish
-        (0, True, True, "fail", Verdict.FIRE),  # early clean exit, default policy
-        (0, True, True, "warn", Verdict.WARN),  # early clean exit, lenient policy
-        (-9, True, True, "warn", Verdict.FIRE),  # the lenient policy is only about exit 0
+        (None, True, "fail", Verdict.KEEP_WATCHING),  # alive
+        (None, False, "fail", Verdict.KEEP_WATCHING),
+        (-9, True, "fail", Verdict.FIRE),  # abnormal while armed
+        (3, True, "ignore", Verdict.FIRE),
+        (-15, False, "fail", Verdict.IGNORE),  # teardown SIGTERM after disarm
+        (-9, False, "fail", Verdict.IGNORE),  # any exit after disarm
+        (0, False, "fail", Verdict.IGNORE),
+        (0, True, "ignore", Verdict.IGNORE),  # allowed to finish
+        (0, True, "fail", Verdict.FIRE),  # early clean exit, the default
+        (0, True, "warn", Verdict.WARN),  # early clean exit, lenient
+        (-9, True, "warn", Verdict.FIRE),  # the lenient rule is only about exit 0
     ],
 )
 def test_decide_covers_every_branch(
-    rc: int | None, armed: bool, until_disarmed: bool, policy: str, verdict: Verdict
+    rc: int | None, armed: bool, on_clean_exit: str, verdict: Verdict
 ) -> None:
     got = decide(
         _status(rc),
         armed=armed,
-        run_until_disarmed=until_disarmed,
-        clean_exit_policy=policy,  # type: ignore[arg-type]
+        on_clean_exit=on_clean_exit,  # type: ignore[arg-type]
     )
     assert got is verdict
 
@@ -153,14 +152,14 @@ def test_clean_exit_of_a_process_allowed_to_finish_does_not_fire() -> None:
     rec = Recorder()
     p = _start("fork", return_early)
     wd = hk.DisarmableWatchdog(actions=[hk.call(rec)])
-    wd.watch(p, run_until_disarmed=False)
+    wd.watch(p, on_clean_exit="ignore")
     with wd:
         p.join(10)
         assert not rec.fired.wait(0.3)
     assert p.exitcode == 0
 
 
-def test_early_clean_exit_of_a_run_until_disarmed_process_fires_by_default() -> None:
+def test_early_clean_exit_of_a_process_meant_to_run_until_disarmed_fires_by_default() -> None:
     rec = Recorder()
     p = _start("fork", return_early, "gl-server")
     with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]):
@@ -177,7 +176,7 @@ def test_early_clean_exit_under_warn_policy_logs_and_does_not_fire(
     rec = Recorder()
     p = _start("fork", return_early, "gl-server")
     with caplog.at_level(logging.WARNING, logger="healthkit"):
-        with hk.DisarmableWatchdog([p], actions=[hk.call(rec)], clean_exit_policy="warn"):
+        with hk.DisarmableWatchdog([p], actions=[hk.call(rec)], on_clean_exit="warn"):
             p.join(10)
             deadline = time.monotonic() + 10
             while "declared to run until disarmed" not in caplog.text:
@@ -315,8 +314,10 @@ def test_forked_child_inherits_an_inert_watchdog() -> None:
 def test_bad_arguments_are_rejected_with_clear_errors() -> None:
     with pytest.raises(ValueError, match="mode"):
         hk.DisarmableWatchdog(mode="poll")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="clean_exit_policy"):
-        hk.DisarmableWatchdog(clean_exit_policy="maybe")  # type: ignore[arg-type]
+    with pytest.raises(hk.InvalidArgumentError, match="on_clean_exit"):
+        hk.DisarmableWatchdog(on_clean_exit="maybe")  # type: ignore[arg-type]
+    with pytest.raises(hk.InvalidArgumentError, match="on_clean_exit"):
+        hk.DisarmableWatchdog().watch(os.getpid(), on_clean_exit="never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sidecar"):
         hk.DisarmableWatchdog(mode="sidecar", actions=[hk.call(print)])  # type: ignore[arg-type]
     with pytest.raises(hk.InvalidTimeoutError):

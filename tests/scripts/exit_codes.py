@@ -44,7 +44,7 @@ def one_process_run(start_method: str, code: int) -> tuple[int | None, int | Non
     p.start()
     rec = _Recorder()
     wd = hk.DisarmableWatchdog(actions=[rec])
-    wd.watch(p, run_until_disarmed=False)
+    wd.watch(p, on_clean_exit="ignore")
     wd.arm()
     seen: list[int | None] = []
     joiner = threading.Thread(target=lambda: (p.join(30), seen.append(p.exitcode)))
@@ -68,7 +68,7 @@ def one_popen_run(code: int, by_pid: bool) -> tuple[int | None, int | None]:
     proc = subprocess.Popen(argv)
     rec = _Recorder()
     wd = hk.DisarmableWatchdog(actions=[rec])
-    wd.watch(proc.pid if by_pid else proc, run_until_disarmed=False)
+    wd.watch(proc.pid if by_pid else proc, on_clean_exit="ignore")
     wd.arm()
     seen: list[int] = []
     joiner = threading.Thread(target=lambda: seen.append(proc.wait(30)))

@@ -36,17 +36,17 @@ def survive(seconds: float = 2.0) -> None:
 
 
 # The one decision table, played against either mode: scenario -> (helper target,
-# run_until_disarmed, what the owner does once armed). tests/core/test_decision_table.py
+# on_clean_exit, what the owner does once armed). tests/core/test_decision_table.py
 # holds the expected outcome of each.
 TABLE = {
-    "allowed-exit0-joined": (return_early, False, "join"),
-    "allowed-exit0-before-watch": (return_early, False, "join-before-watch"),
-    "until-exit0": (return_early, True, "join"),
-    "until-exit0-warn": (return_early, True, "join"),
-    "exit3-joined": (exit_3, False, "join"),
-    "sigkill-joined": (serve_forever, False, "kill-join"),
-    "sigchld-ignored-allowed-exit0": (return_early, False, "sigchld-ignored"),
-    "sigchld-ignored-until-exit0": (return_early, True, "sigchld-ignored"),
+    "allowed-exit0-joined": (return_early, "ignore", "join"),
+    "allowed-exit0-before-watch": (return_early, "ignore", "join-before-watch"),
+    "until-exit0": (return_early, "fail", "join"),
+    "until-exit0-warn": (return_early, "warn", "join"),
+    "exit3-joined": (exit_3, "ignore", "join"),
+    "sigkill-joined": (serve_forever, "ignore", "kill-join"),
+    "sigchld-ignored-allowed-exit0": (return_early, "ignore", "sigchld-ignored"),
+    "sigchld-ignored-until-exit0": (return_early, "fail", "sigchld-ignored"),
 }
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     ]
     for p in helpers:
         p.start()
-    wd = hk.DisarmableWatchdog(helpers, mode=args.mode, clean_exit_policy=args.policy)
+    wd = hk.DisarmableWatchdog(helpers, mode=args.mode, on_clean_exit=args.policy)
     wd.arm()
     wd.arm()  # idempotent
     if args.log_to_stderr:
@@ -143,15 +143,15 @@ def main() -> None:
 
 
 def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> None:
-    target, until_disarmed, action = TABLE[args.scenario]
+    target, on_clean_exit, action = TABLE[args.scenario]
     if action == "sigchld-ignored":
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children at once
     helper = ctx.Process(target=target, name="helper-0", daemon=True)  # type: ignore[attr-defined]
     helper.start()
     if action == "join-before-watch":
         helper.join()
-    wd = hk.DisarmableWatchdog(mode=args.mode, clean_exit_policy=args.policy)
-    wd.watch(helper, run_until_disarmed=until_disarmed)
+    wd = hk.DisarmableWatchdog(mode=args.mode)
+    wd.watch(helper, on_clean_exit=on_clean_exit)
     wd.arm()
     print("READY", helper.pid, wd.sidecar_pid or 0, flush=True)
     if action == "join":

@@ -429,12 +429,11 @@ def _start(
         mode=mode,
         name="healthkit_graphlearn",
         diagnoser=diagnoser,
-        clean_exit_policy="warn" if on_clean_exit == "warn" else "fail",
         exit_code=exit_code,
         actions=actions,
     )
+    watchdog.watch(watch, on_clean_exit=on_clean_exit)
     until_disarmed = on_clean_exit != "ignore"
-    watchdog.watch(watch, run_until_disarmed=until_disarmed)
     server = SamplerServer(
         proc, watch, watchdog, cluster, task_index, address, ready_after, until_disarmed
     )
