@@ -91,7 +91,7 @@ def _snapshot(threads: dict[str, threading.Thread], sidecar_pid: int | None) -> 
 
 def idle_cost(n: int, window: float) -> dict[str, Any]:
     procs = spawn_sleepers(n)
-    ignore = [hk.call(lambda event: None)]
+    ignore = [lambda event: None]
     wd = hk.DisarmableWatchdog(procs, actions=ignore, name=f"idle-{n}").arm()
     side = hk.DisarmableWatchdog(procs, mode="sidecar", name=f"idle-sidecar-{n}").arm()
     sidecar_pid = side._sidecar.pid if side._sidecar is not None else None
@@ -157,7 +157,7 @@ def gil_slowdown(rounds: int, n_children: int = 100) -> dict[str, Any]:
         iterations *= 2
     conditions = ["nothing", "nothing (A/A)", "healthkit thread armed", "poll every 0.1 s"]
     times: dict[str, list[float]] = {c: [] for c in conditions}
-    ignore = [hk.call(lambda event: None)]
+    ignore = [lambda event: None]
     watcher_wakeups = 0
     watcher_cpu = 0.0
     try:

@@ -69,13 +69,13 @@ def trial_thread(busy: bool = False, kmsg: bool = True) -> tuple[float, float] |
     got: list[tuple[int, float]] = []
     done = threading.Event()
 
-    def record(event: hk.FailureEvent) -> None:
+    def record(event: hk.actions.FailureEvent) -> None:
         got.append((now_ns(), event.diagnosis.observed_at))
         done.set()
 
     diagnoser = hk.ExitDiagnoser() if kmsg else hk.ExitDiagnoser(kmsg_path=None)
     wd = hk.DisarmableWatchdog(
-        [helper], actions=[hk.call(record)], name="bench", diagnoser=diagnoser
+        [helper], actions=[record], name="bench", diagnoser=diagnoser
     ).arm()
     time.sleep(random.uniform(0.002, 0.01))  # let the watcher block in epoll_wait
     t0 = now_ns()

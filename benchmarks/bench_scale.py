@@ -45,9 +45,7 @@ def memory(n: int) -> dict[str, Any]:
         gc.collect()
         rss0, fds0 = rss_bytes(), open_fds()
         watches = [hk.ProcessWatch(p) for p in procs]
-        wd = hk.DisarmableWatchdog(
-            watches, actions=[hk.call(lambda e: None)], name=f"mem-{n}"
-        ).arm()
+        wd = hk.DisarmableWatchdog(watches, actions=[lambda e: None], name=f"mem-{n}").arm()
         time.sleep(0.2)
         gc.collect()
         rss1, fds1 = rss_bytes(), open_fds()
@@ -92,13 +90,15 @@ def latency(n: int, trials: int) -> dict[str, Any]:
             got: list[tuple[int, float]] = []
             done = threading.Event()
 
-            def record(event: hk.FailureEvent, got: list[Any] = got, done: Any = done) -> None:
+            def record(
+                event: hk.actions.FailureEvent, got: list[Any] = got, done: Any = done
+            ) -> None:
                 got.append((now_ns(), event.diagnosis.observed_at))
                 done.set()
 
             t_arm = time.monotonic()
             wd = hk.DisarmableWatchdog(
-                watches, actions=[hk.call(record)], name=f"scale-{n}", diagnoser=diagnoser
+                watches, actions=[record], name=f"scale-{n}", diagnoser=diagnoser
             ).arm()
             arm_s.append(time.monotonic() - t_arm)
             time.sleep(random.uniform(0.002, 0.01))

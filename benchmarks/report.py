@@ -417,7 +417,7 @@ def _latency_md(lat: dict[str, Any], plot: str | None) -> list[str]:
     L.append("Notes:")
     L.append("")
     L.append("- *healthkit thread*: `DisarmableWatchdog(mode=\"thread\", "
-             "actions=[healthkit.call(record)])`, the main thread idle in `Event.wait`. "
+             "actions=[record])`, the main thread idle in `Event.wait`. "
              "*main thread CPU-busy*: the main thread spins a pure-Python loop meanwhile, so "
              "the watcher has to get the GIL back (switch interval "
              f"{lat['switch_interval_s'] * 1e3:g} ms) after every blocking call it makes.")

@@ -1,28 +1,21 @@
 """healthkit: notice a dead helper process in milliseconds, fail the job in seconds, say why.
 
-The public names live here; the modules behind them are private.
+The four pieces (:class:`ProcessWatch`/:class:`WatchSet`, :class:`ExitDiagnoser`,
+:class:`DisarmableWatchdog`, :class:`BoundedBarrier`), the one way to stop processes
+(:func:`stop`), their value types and their errors live here. Watchdog actions are in
+:mod:`healthkit.actions`; the plumbing under them in :mod:`healthkit.lowlevel`. The modules
+whose names start with an underscore are private.
 """
 
-from healthkit._actions import (
-    Action,
-    FailureEvent,
-    call,
-    default_actions,
-    exit_process,
-    log_diagnosis,
-    raise_in_main_thread,
-    write_torchelastic_error_file,
-)
+from healthkit import actions, lowlevel
 from healthkit._barrier import (
     BarrierBrokenError,
     BarrierTimeoutError,
     BoundedBarrier,
     PartyReport,
 )
-from healthkit._bounds import EnvBound, EnvValueWarning, env_seconds, init_bound_from_env
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
-    MAX_TIMEOUT_S,
     HealthkitError,
     InterpreterShutdownError,
     InvalidArgumentError,
@@ -35,10 +28,10 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
-from healthkit._orphan import die_with_parent, set_thread_name
-from healthkit._stacks import dump_stack, dump_stacks, enable_stack_dumps
+from healthkit._sidecar import SidecarError
+from healthkit._stop import StopReport, stop
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
-from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
+from healthkit._watchdog import DisarmableWatchdog
 
 __version__ = "0.1.0"
 
@@ -46,29 +39,9 @@ __all__ = [
     "BarrierBrokenError",
     "BarrierTimeoutError",
     "BoundedBarrier",
-    "EnvBound",
-    "EnvValueWarning",
-    "PartyReport",
-    "die_with_parent",
-    "dump_stack",
-    "dump_stacks",
-    "enable_stack_dumps",
-    "env_seconds",
-    "init_bound_from_env",
-    "Action",
-    "DisarmableWatchdog",
-    "FailureEvent",
-    "Verdict",
-    "call",
-    "decide",
-    "default_actions",
-    "exit_process",
-    "log_diagnosis",
-    "raise_in_main_thread",
-    "set_thread_name",
-    "write_torchelastic_error_file",
     "Cause",
     "Diagnosis",
+    "DisarmableWatchdog",
     "ExitDiagnoser",
     "ExitStatus",
     "HealthkitError",
@@ -78,11 +51,16 @@ __all__ = [
     "InvalidEnvValueError",
     "InvalidExitCodeError",
     "InvalidTimeoutError",
-    "MAX_TIMEOUT_S",
     "NoSuchProcessError",
+    "PartyReport",
     "ProcessDiedError",
     "ProcessNotStartedError",
     "ProcessWatch",
+    "SidecarError",
+    "StopReport",
     "WatchClosedError",
     "WatchSet",
+    "actions",
+    "lowlevel",
+    "stop",
 ]

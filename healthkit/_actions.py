@@ -28,7 +28,6 @@ from healthkit._errors import ProcessDiedError, check_exit_code
 __all__ = [
     "Action",
     "FailureEvent",
-    "call",
     "default_actions",
     "exit_process",
     "log_diagnosis",
@@ -301,16 +300,6 @@ def terminate_multiprocessing_children() -> None:
             child.terminate()
         except Exception:
             pass
-
-
-@attrs.frozen
-class call:
-    """Run a user callback with the event."""
-
-    fn: Callable[[FailureEvent], None]
-
-    def __call__(self, event: FailureEvent) -> None:
-        self.fn(event)
 
 
 class raise_in_main_thread:

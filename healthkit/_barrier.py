@@ -26,7 +26,6 @@ from typing import Any, Literal
 
 import attrs
 
-from healthkit._bounds import EnvBound
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import (
     HealthkitError,
@@ -75,14 +74,12 @@ class BarrierBrokenError(HealthkitError, RuntimeError):
         elapsed: float,
         bound: float | None,
         parties: tuple[PartyReport, ...] = (),
-        env_var: str | None = None,
     ) -> None:
         super().__init__(message)
         self.barrier_name = barrier_name
         self.elapsed = elapsed
         self.bound = bound
         self.parties = parties
-        self.env_var = env_var
 
     @property
     def dead(self) -> tuple[PartyReport, ...]:
@@ -196,12 +193,11 @@ class BoundedBarrier:
         self,
         parties: int,
         *,
-        timeout: float | EnvBound,
+        timeout: float,
+        hint: str | None = None,
         ctx: BaseContext | None = None,
         name: str = "init barrier",
         worker_label: str = "worker",
-        hint: str = "",
-        barrier: Any = None,
         abort_grace: float = 1.0,
     ) -> None:
         if isinstance(parties, bool) or not isinstance(parties, int):
@@ -214,25 +210,21 @@ class BoundedBarrier:
                 f"parties must be the number of worker processes (0..65536), got {parties}",
                 "parties",
             )
-        self.env_bound = timeout if isinstance(timeout, EnvBound) else None
-        seconds = timeout.seconds if isinstance(timeout, EnvBound) else timeout
-        what = f"timeout (from ${timeout.env_var})" if isinstance(timeout, EnvBound) else "timeout"
         # > 0: a bound of 0 fails before anyone can arrive.
-        self.timeout: float = check_bound(seconds, what)
+        self.timeout: float = check_bound(timeout, "timeout")
         # The worker side waits the bound plus a margin; that sum must fit the OS wait too.
-        check_bound(self.timeout + _WORKER_MARGIN_S, f"{what} + {_WORKER_MARGIN_S:g}s margin")
+        check_bound(self.timeout + _WORKER_MARGIN_S, f"timeout + {_WORKER_MARGIN_S:g}s margin")
+        if hint is not None and not isinstance(hint, str):
+            raise InvalidArgumentTypeError(f"hint must be a str or None, got {hint!r}", "hint")
         self.abort_grace: float = check_timeout(abort_grace, "abort_grace", allow_none=False)  # type: ignore[assignment]
         ctx = ctx or multiprocessing.get_context("spawn")
         self.parties = parties
         self.name = name
         self.worker_label = worker_label
+        #: What to change when the bound is too short for a healthy start-up (e.g. "raise
+        #: $MY_RPC_INIT_TIMEOUT_SECONDS: this bound is 3 x it"); said once, in the advice.
         self.hint = hint
-        self._barrier: Any = barrier if barrier is not None else ctx.Barrier(parties + 1)
-        if self._barrier.parties != parties + 1:
-            raise InvalidArgumentError(
-                f"the barrier has {self._barrier.parties} parties; it needs {parties + 1} "
-                f"({parties} workers + the parent)"
-            )
+        self._barrier: Any = ctx.Barrier(parties + 1)
         self._arrived = ctx.RawArray("b", max(parties, 1))
         self._stack_dir = tempfile.mkdtemp(prefix="healthkit-stacks-")
         self._parent_pid = os.getpid()
@@ -421,7 +413,6 @@ class BoundedBarrier:
             elapsed=elapsed,
             bound=self.timeout,
             parties=parties,
-            env_var=self.env_bound.env_var if self.env_bound else None,
         )
 
     def _message(
@@ -431,7 +422,7 @@ class BoundedBarrier:
         dead = [p for p in parties if p.state == "dead"]
         stuck = [p for p in parties if p.state == "not arrived"]
         arrived = [p.rank for p in parties if p.state == "arrived"]
-        bound = self.env_bound.describe() if self.env_bound else f"{self.timeout:g}s"
+        bound = f"{self.timeout:g}s"
         if dead:
             first = min(dead, key=lambda p: p.diagnosis.observed_at if p.diagnosis else 0)
             head = (
@@ -457,20 +448,12 @@ class BoundedBarrier:
         if arrived:
             lines.append(f"  arrived: {label}s {arrived}")
         if dead:
-            lines.append(
-                "What to do: fix what ended the dead worker (see its diagnosis)."
-                + (f" {self.hint}" if self.hint else "")
-            )
+            lines.append(f"What to do: fix what ended the dead {label} (see its diagnosis).")
         else:
-            knob = (
-                f"raise {self.env_bound.env_var} (this bound is {self.env_bound.describe()})"
-                if self.env_bound
-                else "raise the barrier's timeout"
-            )
+            knob = self.hint or "raise the barrier's timeout"
             lines.append(
                 f"What to do: the stacks below show where each {label} is stuck; if its "
                 f"start-up is legitimately slower than this, {knob}."
-                + (f" {self.hint}" if self.hint else "")
             )
         for p in stuck:
             lines.append(f"--- stack of {p.name} (pid {p.pid}) ---")

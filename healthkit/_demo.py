@@ -25,7 +25,7 @@ import attrs
 
 from healthkit._actions import TORCHELASTIC_ERROR_FILE
 from healthkit._barrier import BarrierBrokenError, BoundedBarrier
-from healthkit._bounds import init_bound_from_env
+from healthkit._bounds import env_seconds
 from healthkit._evidence import find_memory_cgroup
 from healthkit._stop import stop
 from healthkit._watch import ProcessWatch, WatchSet
@@ -111,8 +111,14 @@ def _producer(scenario: str, guarded: bool, log_path: str, error_file: str) -> N
     _quiet(log_path)
     ctx = mp.get_context("spawn")
     bounded = (
-        BoundedBarrier(2, timeout=init_bound_from_env(INIT_TIMEOUT_ENV, INIT_TIMEOUT_DEFAULT_S),
-                       ctx=ctx, name="sampling init barrier", worker_label="sampling worker")
+        BoundedBarrier(
+            2,
+            timeout=3 * env_seconds(INIT_TIMEOUT_ENV, INIT_TIMEOUT_DEFAULT_S, multiplier=3),
+            hint=f"raise ${INIT_TIMEOUT_ENV} (this bound is 3 x it)",
+            ctx=ctx,
+            name="sampling init barrier",
+            worker_label="sampling worker",
+        )
         if guarded else None
     )
     plain = ctx.Barrier(3) if not guarded else None

@@ -32,7 +32,7 @@ from typing import IO
 from healthkit._errors import InvalidArgumentTypeError, check_pid, check_signal, check_timeout
 from healthkit._proc import catches_signal, read_proc_stat
 
-__all__ = ["dump_stack", "dump_stacks", "enable_stack_dumps", "stack_file"]
+__all__ = ["dump_stacks", "enable_stack_dumps", "stack_file"]
 
 logger = logging.getLogger("healthkit")
 
@@ -218,10 +218,3 @@ def dump_stacks(
         except OSError:
             out[pid] = None
     return out
-
-
-def dump_stack(
-    directory: str, pid: int, *, signum: int = DEFAULT_SIGNAL, timeout: float = 2.0
-) -> str | None:
-    """:func:`dump_stacks` for one process."""
-    return dump_stacks(directory, [pid], signum=signum, timeout=timeout)[pid]

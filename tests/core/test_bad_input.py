@@ -21,11 +21,9 @@ import pytest
 
 import healthkit
 from healthkit import (
-    MAX_TIMEOUT_S,
     BoundedBarrier,
     Cause,
     DisarmableWatchdog,
-    EnvValueWarning,
     ExitDiagnoser,
     HealthkitError,
     InterpreterShutdownError,
@@ -40,6 +38,7 @@ from healthkit import (
 )
 from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._proc import read_proc_stat
+from healthkit.lowlevel import MAX_TIMEOUT_S, EnvValueWarning
 
 pytestmark = pytest.mark.security
 
@@ -89,8 +88,9 @@ def test_watch_set_wait_rejects(watch: ProcessWatch, value: Any) -> None:
         _raises(lambda: ws.wait(value), InvalidTimeoutError, "timeout")
 
 
-def test_the_longest_accepted_wait_does_not_overflow(watch: ProcessWatch,
-                                                     child: subprocess.Popen[bytes]) -> None:
+def test_the_longest_accepted_wait_does_not_overflow(
+    watch: ProcessWatch, child: subprocess.Popen[bytes]
+) -> None:
     """The non-firing twin: MAX_TIMEOUT_S itself is waited on (and ended by the death)."""
     child.kill()
     assert watch.wait(MAX_TIMEOUT_S) is not None
@@ -123,9 +123,10 @@ def test_watchdog_disarm_rejects_a_bad_timeout() -> None:
 def test_a_slow_rss_interval_still_fires(child: subprocess.Popen[bytes]) -> None:
     """The review's case was a 30-day interval that killed the watcher thread: the longest
     accepted one must keep the watcher alive and fire on a SIGKILL."""
-    fired: list[healthkit.FailureEvent] = []
-    wd = DisarmableWatchdog([child], actions=[fired.append],
-                            rss_sample_interval=MAX_TIMEOUT_S).arm()
+    fired: list[healthkit.actions.FailureEvent] = []
+    wd = DisarmableWatchdog(
+        [child], actions=[fired.append], rss_sample_interval=MAX_TIMEOUT_S
+    ).arm()
     try:
         child.kill()
         deadline = time.monotonic() + 30
@@ -169,19 +170,28 @@ def test_barrier_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Excep
 @pytest.mark.parametrize("default", [-5, 0, math.nan, math.inf, THIRTY_DAYS, "5", None])
 def test_env_defaults_are_validated(default: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    _raises(lambda: healthkit.env_seconds(ENV, default), InvalidTimeoutError, ENV)
-    _raises(lambda: healthkit.init_bound_from_env(ENV, default), InvalidTimeoutError, ENV)
+    _raises(lambda: healthkit.lowlevel.env_seconds(ENV, default), InvalidTimeoutError, ENV)
+    _raises(
+        lambda: healthkit.lowlevel.read_env_seconds(ENV, default, multiplier=3),
+        InvalidTimeoutError,
+        ENV,
+    )
 
 
 def test_env_default_times_multiplier_must_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    _raises(lambda: healthkit.init_bound_from_env(ENV, 1e6, 3.0), InvalidTimeoutError, ENV)
+    _raises(
+        lambda: healthkit.lowlevel.env_seconds(ENV, 1e6, multiplier=3.0), InvalidTimeoutError, ENV
+    )
 
 
 @pytest.mark.parametrize("multiplier", [0, -3, math.nan, math.inf, "3"])
 def test_env_multiplier_is_validated(multiplier: Any) -> None:
-    _raises(lambda: healthkit.init_bound_from_env(ENV, 5, multiplier), InvalidArgumentError,
-            "multiplier")
+    _raises(
+        lambda: healthkit.lowlevel.env_seconds(ENV, 5, multiplier=multiplier),
+        InvalidArgumentError,
+        "multiplier",
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,8 +200,10 @@ def test_env_multiplier_is_validated(multiplier: Any) -> None:
 def test_garbage_env_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, raw)
     with pytest.warns(EnvValueWarning, match=ENV):
-        assert healthkit.env_seconds(ENV, 7) == 7.0
-    err = _raises(lambda: healthkit.env_seconds(ENV, 7, strict=True), InvalidEnvValueError, ENV)
+        assert healthkit.lowlevel.env_seconds(ENV, 7) == 7.0
+    err = _raises(
+        lambda: healthkit.lowlevel.env_seconds(ENV, 7, strict=True), InvalidEnvValueError, ENV
+    )
     assert isinstance(err, InvalidArgumentError) and err.argument == ENV
 
 
@@ -199,14 +211,18 @@ def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> 
     """The review's barrier bound: 1e6 s x 3 overflowed in parent and worker."""
     monkeypatch.setenv(ENV, "1e6")
     with pytest.warns(EnvValueWarning, match="more than the OS can wait"):
-        bound = healthkit.init_bound_from_env(ENV, 10, 3.0)
-    assert (bound.seconds, bound.from_env) == (30.0, False)
-    _raises(lambda: healthkit.init_bound_from_env(ENV, 10, 3.0, strict=True),
-            InvalidEnvValueError, ENV, "too long")
+        got = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
+    assert got == (10.0, False)
+    _raises(
+        lambda: healthkit.lowlevel.env_seconds(ENV, 10, strict=True, multiplier=3.0),
+        InvalidEnvValueError,
+        ENV,
+        "too long",
+    )
     monkeypatch.setenv(ENV, "1e5")  # the twin: fits, used as given
-    bound = healthkit.init_bound_from_env(ENV, 10, 3.0)
-    assert (bound.seconds, bound.from_env) == (3e5, True)
-    barrier = BoundedBarrier(1, timeout=bound)
+    value, from_env = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
+    assert (value, from_env) == (1e5, True)
+    barrier = BoundedBarrier(1, timeout=3 * value)
     barrier.close()
 
 
@@ -214,17 +230,18 @@ def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.parametrize("code", [0, 256, -1, 1000, "1", 1.5, True, None])
 def test_exit_codes_outside_1_to_255_are_rejected(code: Any) -> None:
     _raises(lambda: DisarmableWatchdog(exit_code=code), InvalidExitCodeError, "exit_code")
-    _raises(lambda: healthkit.exit_process(code), InvalidExitCodeError, "1..255")
-    _raises(lambda: healthkit.default_actions(code), InvalidExitCodeError, "1..255")
+    _raises(lambda: healthkit.actions.exit_process(code), InvalidExitCodeError, "1..255")
+    _raises(lambda: healthkit.actions.default_actions(code), InvalidExitCodeError, "1..255")
 
 
 def test_exit_code_255_is_what_the_launcher_sees() -> None:
     """The twin of 256-reads-as-0: the highest accepted code arrives intact."""
     script = textwrap.dedent("""
         import healthkit
-        from healthkit import ExitDiagnoser, FailureEvent
+        from healthkit import ExitDiagnoser
+        from healthkit.actions import FailureEvent
         d = ExitDiagnoser(kmsg_path=None).diagnose(-9, name="helper", pid=4242)
-        healthkit.exit_process(255)(FailureEvent(d, "wd"))
+        healthkit.actions.exit_process(255)(FailureEvent(d, "wd"))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert proc.returncode == 255
@@ -250,19 +267,22 @@ def test_die_with_parent_rejects_a_non_pid_without_killing_anyone(pid: Any) -> N
     script = textwrap.dedent(f"""
         import healthkit
         try:
-            healthkit.die_with_parent({pid!r})
+            healthkit.lowlevel.die_with_parent({pid!r})
         except healthkit.InvalidArgumentTypeError as e:
             assert e.argument == "parent_pid", e
             print("rejected:", e)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert "rejected: parent_pid must be an int" in proc.stdout
 
 
 def test_die_with_parent_rejects_a_bad_signal() -> None:
-    _raises(lambda: healthkit.die_with_parent(os.getppid(), 999), InvalidArgumentError, "sig")
+    _raises(
+        lambda: healthkit.lowlevel.die_with_parent(os.getppid(), 999), InvalidArgumentError, "sig"
+    )
 
 
 def test_diagnose_rejects_impossible_return_codes() -> None:
@@ -277,12 +297,21 @@ def test_diagnose_rejects_impossible_return_codes() -> None:
 
 
 def test_stack_dump_arguments_are_validated(tmp_path: Path) -> None:
-    _raises(lambda: healthkit.dump_stacks(str(tmp_path), ["1"]), InvalidArgumentTypeError,
-            "pids")
-    _raises(lambda: healthkit.dump_stacks(str(tmp_path), [1], timeout=math.nan),
-            InvalidTimeoutError, "timeout")
-    _raises(lambda: healthkit.enable_stack_dumps(str(tmp_path), 999), InvalidArgumentError,
-            "signum")
+    _raises(
+        lambda: healthkit.lowlevel.dump_stacks(str(tmp_path), ["1"]),
+        InvalidArgumentTypeError,
+        "pids",
+    )
+    _raises(
+        lambda: healthkit.lowlevel.dump_stacks(str(tmp_path), [1], timeout=math.nan),
+        InvalidTimeoutError,
+        "timeout",
+    )
+    _raises(
+        lambda: healthkit.lowlevel.enable_stack_dumps(str(tmp_path), 999),
+        InvalidArgumentError,
+        "signum",
+    )
 
 
 def test_arm_during_interpreter_shutdown_says_so() -> None:
@@ -300,11 +329,13 @@ def test_arm_during_interpreter_shutdown_says_so() -> None:
                 helper.wait()
         atexit.register(late)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "refused: healthkit watchdog: arm() was called during interpreter shutdown" \
-        in proc.stdout
+    assert (
+        "refused: healthkit watchdog: arm() was called during interpreter shutdown" in proc.stdout
+    )
     assert issubclass(InterpreterShutdownError, RuntimeError)
 
 
@@ -338,7 +369,7 @@ def test_a_watcher_survives_malformed_cgroup_files(
     cg.mkdir()
     (cg / "memory.events").write_bytes(b"oom_kill 0\n")
     (cg / "memory.peak").write_bytes(b"\xff")
-    fired: list[healthkit.FailureEvent] = []
+    fired: list[healthkit.actions.FailureEvent] = []
     diagnoser = ExitDiagnoser(cgroup=MemoryCgroup(2, str(cg)), kmsg_path=None)
     (cg / "memory.events").write_bytes(b"oom_kill \xff\n")
     wd = DisarmableWatchdog([child], actions=[fired.append], diagnoser=diagnoser).arm()
@@ -355,8 +386,14 @@ def test_a_watcher_survives_malformed_cgroup_files(
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"123", b"123 (python", b"123 (python) S 1", b"123 (py) S x y" + b" 0" * 30,
-     b"\xff\xfe) S 1 2 3"],
+    [
+        b"",
+        b"123",
+        b"123 (python",
+        b"123 (python) S 1",
+        b"123 (py) S x y" + b" 0" * 30,
+        b"\xff\xfe) S 1 2 3",
+    ],
 )
 def test_truncated_proc_stat_reads_as_unknown(
     tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
@@ -375,8 +412,9 @@ def test_a_full_proc_stat_still_parses() -> None:
 
 # ----------------------------------------------------------------------------- CLI
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "healthkit", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "healthkit", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import healthkit as hk
-from healthkit import Verdict, decide
+from healthkit.lowlevel import Verdict, decide
 
 OWNER = str(Path(__file__).parent.parent / "scripts" / "owner.py")
 

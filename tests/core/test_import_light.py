@@ -56,3 +56,24 @@ def test_the_core_has_no_import_circle() -> None:
             if mod not in seen:
                 seen.add(mod)
                 todo.extend(d for d in graph.get(mod, ()) if d != "__init__")
+
+
+def test_the_documented_public_names_are_exactly_each_namespaces_all() -> None:
+    import re
+    from pathlib import Path
+
+    import healthkit
+    import healthkit.actions
+    import healthkit.lowlevel
+
+    index = (Path(__file__).resolve().parents[2] / "docs" / "index.md").read_text()
+    section = index[index.index("## Public names") : index.index("## Pages")]
+    for module in (healthkit, healthkit.actions, healthkit.lowlevel):
+        name = re.escape(module.__name__)
+        bullet = re.search(rf"- `{name}`[^:]*:(.*?)(?=\n- `|\Z)", section, re.S)
+        assert bullet is not None, module.__name__
+        documented = set(re.findall(r"`(\w+)`", bullet.group(1)))
+        documented.discard(module.__name__.rpartition(".")[2])
+        assert documented == set(module.__all__), module.__name__
+        assert list(module.__all__) == sorted(module.__all__)
+        assert all(hasattr(module, name) for name in module.__all__)

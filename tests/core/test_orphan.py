@@ -11,7 +11,7 @@ import time
 from multiprocessing.connection import Connection
 
 import healthkit as hk
-from healthkit import die_with_parent
+from healthkit.lowlevel import die_with_parent
 
 ctx = mp.get_context("fork")
 

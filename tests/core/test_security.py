@@ -29,10 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from healthkit import Cause, ExitDiagnoser, FailureEvent, ProcessWatch, dump_stacks
-from healthkit import write_torchelastic_error_file as ErrorFileAction
+from healthkit import Cause, ExitDiagnoser, ProcessWatch
 from healthkit._evidence import KernelLog, KernelRecord, oom_killed_pid
 from healthkit._stacks import enable_stack_dumps, stack_file
+from healthkit.actions import FailureEvent
+from healthkit.actions import write_torchelastic_error_file as ErrorFileAction
+from healthkit.lowlevel import dump_stacks
 
 pytestmark = pytest.mark.security
 
@@ -198,9 +200,10 @@ def test_error_file_refusal_never_stops_the_next_actions(tmp_path: Path) -> None
     target.mkdir()
     script = textwrap.dedent("""
         import healthkit
-        from healthkit import ExitDiagnoser, FailureEvent
+        from healthkit import ExitDiagnoser
+        from healthkit.actions import FailureEvent
         d = ExitDiagnoser(kmsg_path=None).diagnose(-9, name="helper", pid=4242)
-        for action in healthkit.default_actions(7):
+        for action in healthkit.actions.default_actions(7):
             action(FailureEvent(d, "wd"))
         print("not reached")
     """)

@@ -10,7 +10,7 @@ import healthkit as hk
 
 
 def wait_for_feature_store(directory: str, ready: object) -> None:
-    hk.enable_stack_dumps(directory)
+    hk.lowlevel.enable_stack_dumps(directory)
     ready.set()  # type: ignore[attr-defined]
     time.sleep(60)
 
@@ -29,7 +29,7 @@ def test_a_registered_process_reports_where_it_is_stuck() -> None:
             p.start()
         assert ready.wait(60)
         time.sleep(0.5)  # both registered (the second may lag; it is then reported None)
-        stacks = hk.dump_stacks(d, [p.pid for p in procs if p.pid is not None])
+        stacks = hk.lowlevel.dump_stacks(d, [p.pid for p in procs if p.pid is not None])
         for p in procs:
             p.kill()
             p.join()
@@ -45,7 +45,7 @@ def test_a_process_that_did_not_opt_in_is_not_signalled() -> None:
     assert ready.wait(60)
     with tempfile.TemporaryDirectory() as d:
         assert p.pid is not None
-        assert hk.dump_stack(d, p.pid) is None
+        assert hk.lowlevel.dump_stacks(d, [p.pid]) == {p.pid: None}
     time.sleep(0.2)
     assert p.is_alive()  # SIGUSR2 would have killed it
     p.kill()

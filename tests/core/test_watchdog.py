@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import healthkit as hk
-from healthkit import Verdict, decide
+from healthkit.lowlevel import Verdict, decide
 
 OWNER = str(Path(__file__).parent.parent / "scripts" / "owner.py")
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -69,10 +69,10 @@ def test_decide_covers_every_branch(
 # --------------------------------------------------------------------------- in-process
 class Recorder:
     def __init__(self) -> None:
-        self.events: list[hk.FailureEvent] = []
+        self.events: list[hk.actions.FailureEvent] = []
         self.fired = threading.Event()
 
-    def __call__(self, event: hk.FailureEvent) -> None:
+    def __call__(self, event: hk.actions.FailureEvent) -> None:
         self.events.append(event)
         self.fired.set()
 
@@ -95,7 +95,7 @@ def _stop(*procs: mp.process.BaseProcess) -> None:
 def test_sigkill_while_armed_fires_once_with_the_diagnosis(start_method: str) -> None:
     rec = Recorder()
     p = _start(start_method, serve_forever, "sampler-server")
-    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    wd = hk.DisarmableWatchdog([p], actions=[rec]).arm()
     try:
         os.kill(p.pid, signal.SIGKILL)
         assert rec.fired.wait(10)
@@ -119,7 +119,7 @@ def test_sigkill_while_armed_fires_once_with_the_diagnosis(start_method: str) ->
 def test_error_exit_while_armed_fires(start_method: str) -> None:
     rec = Recorder()
     p = _start(start_method, exit_3)
-    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]):
+    with hk.DisarmableWatchdog([p], actions=[rec]):
         assert rec.fired.wait(30)
     assert rec.events[0].diagnosis.exit_code == 3
     assert rec.events[0].diagnosis.cause is hk.Cause.ERROR_EXIT
@@ -129,7 +129,7 @@ def test_error_exit_while_armed_fires(start_method: str) -> None:
 def test_alive_helper_never_fires() -> None:
     rec = Recorder()
     p = _start("fork", serve_forever)
-    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]) as wd:
+    with hk.DisarmableWatchdog([p], actions=[rec]) as wd:
         assert not rec.fired.wait(0.5)
         assert wd.armed and wd.fired is None
     _stop(p)
@@ -140,7 +140,7 @@ def test_alive_helper_never_fires() -> None:
 def test_exit_after_disarm_never_fires(start_method: str) -> None:
     rec = Recorder()
     p = _start(start_method, serve_forever)
-    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    wd = hk.DisarmableWatchdog([p], actions=[rec]).arm()
     wd.disarm()
     p.terminate()  # what multiprocessing does to daemon children at exit
     p.join(10)
@@ -151,7 +151,7 @@ def test_exit_after_disarm_never_fires(start_method: str) -> None:
 def test_clean_exit_of_a_process_allowed_to_finish_does_not_fire() -> None:
     rec = Recorder()
     p = _start("fork", return_early)
-    wd = hk.DisarmableWatchdog(actions=[hk.call(rec)])
+    wd = hk.DisarmableWatchdog(actions=[rec])
     wd.watch(p, on_clean_exit="ignore")
     with wd:
         p.join(10)
@@ -162,7 +162,7 @@ def test_clean_exit_of_a_process_allowed_to_finish_does_not_fire() -> None:
 def test_early_clean_exit_of_a_process_meant_to_run_until_disarmed_fires_by_default() -> None:
     rec = Recorder()
     p = _start("fork", return_early, "gl-server")
-    with hk.DisarmableWatchdog([p], actions=[hk.call(rec)]):
+    with hk.DisarmableWatchdog([p], actions=[rec]):
         assert rec.fired.wait(10)
     d = rec.events[0].diagnosis
     assert d.exit_code == 0
@@ -176,7 +176,7 @@ def test_early_clean_exit_under_warn_policy_logs_and_does_not_fire(
     rec = Recorder()
     p = _start("fork", return_early, "gl-server")
     with caplog.at_level(logging.WARNING, logger="healthkit"):
-        with hk.DisarmableWatchdog([p], actions=[hk.call(rec)], on_clean_exit="warn"):
+        with hk.DisarmableWatchdog([p], actions=[rec], on_clean_exit="warn"):
             p.join(10)
             deadline = time.monotonic() + 10
             while "declared to run until disarmed" not in caplog.text:
@@ -189,7 +189,7 @@ def test_early_clean_exit_under_warn_policy_logs_and_does_not_fire(
 def test_only_the_first_failure_fires() -> None:
     rec = Recorder()
     procs = [_start("fork", serve_forever, f"w{i}") for i in range(3)]
-    with hk.DisarmableWatchdog(procs, actions=[hk.call(rec)]):
+    with hk.DisarmableWatchdog(procs, actions=[rec]):
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
         assert rec.fired.wait(10)
@@ -202,7 +202,7 @@ def test_only_the_first_failure_fires() -> None:
 
 def test_arm_twice_starts_one_thread_and_watching_twice_is_harmless() -> None:
     p = _start("fork", serve_forever)
-    wd = hk.DisarmableWatchdog(actions=[hk.call(Recorder())])
+    wd = hk.DisarmableWatchdog(actions=[Recorder()])
     w1 = wd.watch(p)
     w2 = wd.watch(p)
     assert w1 is w2 and len(wd.watches) == 1
@@ -224,7 +224,7 @@ def test_an_armed_watchdog_without_references_keeps_watching(mode: str) -> None:
     p = _start("fork", serve_forever, "helper")
     if mode == "thread":
         rec = Recorder()
-        hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()  # no reference kept
+        hk.DisarmableWatchdog([p], actions=[rec]).arm()  # no reference kept
     else:
         hk.DisarmableWatchdog([p], mode="sidecar").arm()
     gc.collect()
@@ -243,11 +243,11 @@ def test_an_armed_watchdog_without_references_keeps_watching(mode: str) -> None:
 def test_an_action_that_raises_does_not_stop_the_next_one() -> None:
     rec = Recorder()
 
-    def broken(event: hk.FailureEvent) -> None:
+    def broken(event: hk.actions.FailureEvent) -> None:
         raise OSError("disk full")
 
     p = _start("fork", serve_forever)
-    with hk.DisarmableWatchdog([p], actions=[hk.call(broken), hk.call(rec)]):
+    with hk.DisarmableWatchdog([p], actions=[broken, rec]):
         p.kill()
         assert rec.fired.wait(10)
     _stop(p)
@@ -256,7 +256,7 @@ def test_an_action_that_raises_does_not_stop_the_next_one() -> None:
 def test_raise_in_main_thread_interrupts_a_blocking_call() -> None:
     p = _start("fork", serve_forever, "feature-server")
     a, b = __import__("socket").socketpair()
-    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()]).arm()
+    wd = hk.DisarmableWatchdog([p], actions=[hk.actions.raise_in_main_thread()]).arm()
     threading.Timer(0.2, p.kill).start()
     try:
         with pytest.raises(hk.ProcessDiedError) as info:
@@ -273,7 +273,7 @@ def test_raise_in_main_thread_interrupts_a_blocking_call() -> None:
 
 def test_raise_in_main_thread_refuses_to_arm_off_the_main_thread() -> None:
     p = _start("fork", serve_forever)
-    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()])
+    wd = hk.DisarmableWatchdog([p], actions=[hk.actions.raise_in_main_thread()])
     errors: list[BaseException] = []
 
     def arm() -> None:
@@ -293,7 +293,7 @@ def test_raise_in_main_thread_refuses_to_arm_off_the_main_thread() -> None:
 def test_forked_child_inherits_an_inert_watchdog() -> None:
     p = _start("fork", serve_forever)
     rec = Recorder()
-    wd = hk.DisarmableWatchdog([p], actions=[hk.call(rec)]).arm()
+    wd = hk.DisarmableWatchdog([p], actions=[rec]).arm()
     pid = os.fork()
     if pid == 0:  # child: the inherited watchdog must not act, even when armed again
         code = 0
@@ -319,7 +319,7 @@ def test_bad_arguments_are_rejected_with_clear_errors() -> None:
     with pytest.raises(hk.InvalidArgumentError, match="on_clean_exit"):
         hk.DisarmableWatchdog().watch(os.getpid(), on_clean_exit="never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sidecar"):
-        hk.DisarmableWatchdog(mode="sidecar", actions=[hk.call(print)])  # type: ignore[arg-type]
+        hk.DisarmableWatchdog(mode="sidecar", actions=[print])  # type: ignore[arg-type]
     with pytest.raises(hk.InvalidTimeoutError):
         hk.DisarmableWatchdog(kill_grace=-1)
     with pytest.raises(hk.ProcessNotStartedError):
@@ -620,7 +620,7 @@ def test_raise_in_main_thread_passes_the_applications_own_signals_through() -> N
     got: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
     p = _start("fork", serve_forever)
-    wd = hk.DisarmableWatchdog([p], actions=[hk.raise_in_main_thread()]).arm()
+    wd = hk.DisarmableWatchdog([p], actions=[hk.actions.raise_in_main_thread()]).arm()
     try:
         signal.raise_signal(signal.SIGUSR1)  # the application's own use of SIGUSR1
         assert got == [signal.SIGUSR1]

@@ -32,7 +32,7 @@ class _Recorder:
         self.codes: list[int | None] = []
         self.done = threading.Event()
 
-    def __call__(self, event: hk.FailureEvent) -> None:
+    def __call__(self, event: hk.actions.FailureEvent) -> None:
         self.codes.append(event.diagnosis.exit_code)
         self.done.set()
 

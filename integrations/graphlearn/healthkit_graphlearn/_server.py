@@ -40,16 +40,14 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
 from healthkit import (
-    Action,
     DisarmableWatchdog,
     ExitDiagnoser,
     HealthkitError,
     ProcessDiedError,
     ProcessWatch,
-    die_with_parent,
-    env_seconds,
-    set_thread_name,
 )
+from healthkit.actions import Action
+from healthkit.lowlevel import die_with_parent, env_seconds, set_thread_name
 from healthkit_graphlearn._env import DistEnv, check_index
 
 __all__ = [

@@ -1,0 +1,34 @@
+"""The plumbing under the primitives, for integrations and for users who build their own.
+
+Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
+stack-dump opt-in, environment-variable readers and ``/proc`` readers.
+"""
+
+from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
+from healthkit._decide import OnCleanExit, Verdict, decide, stop_like
+from healthkit._errors import MAX_TIMEOUT_S
+from healthkit._orphan import die_with_parent, set_thread_name
+from healthkit._proc import ProcStat, children, descendants, read_proc_stat
+from healthkit._stacks import dump_stacks, enable_stack_dumps
+from healthkit._stopsignals import STOP_SIGNALS, note_stop
+
+__all__ = [
+    "EnvValueWarning",
+    "MAX_TIMEOUT_S",
+    "OnCleanExit",
+    "ProcStat",
+    "STOP_SIGNALS",
+    "Verdict",
+    "children",
+    "decide",
+    "descendants",
+    "die_with_parent",
+    "dump_stacks",
+    "enable_stack_dumps",
+    "env_seconds",
+    "note_stop",
+    "read_env_seconds",
+    "read_proc_stat",
+    "set_thread_name",
+    "stop_like",
+]
