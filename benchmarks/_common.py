@@ -176,13 +176,10 @@ def spawn_sleepers(n: int) -> list[subprocess.Popen[bytes]]:
 
 
 def stop_children(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.wait(10)
+    """End the benchmark's children with the product's own ladder (SIGTERM, then SIGKILL)."""
+    import healthkit
+
+    healthkit.stop(procs, term_timeout=10, name="benchmark children")
 
 
 def sleep_forever() -> None:  # target of fork-started helpers
