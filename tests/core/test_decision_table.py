@@ -56,15 +56,8 @@ def _run(scenario: str, mode: str, tmp_path: Path) -> tuple[subprocess.Completed
 def _end_strays(stdout: str) -> None:
     for line in stdout.splitlines():
         if line.startswith("READY"):
-            for pid in (int(x) for x in line.split()[1:] if x != "0"):
-                try:
-                    w = hk.ProcessWatch(pid)
-                except hk.NoSuchProcessError:
-                    continue
-                with w:
-                    if w.wait(10) is None:
-                        w.kill()
-                        w.wait(10)
+            pids = [int(x) for x in line.split()[1:] if x != "0"]
+            hk.stop(pids, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
 
 
 @pytest.mark.timeout(120)

@@ -118,19 +118,10 @@ class _Run:
 
 
 def _end(pids: Iterable[int]) -> list[int]:
-    """Kill what a run left behind, by pidfd (never a recycled pid); return those pids."""
-    left = []
-    for pid in pids:
-        try:
-            w = hk.ProcessWatch(pid)
-        except hk.NoSuchProcessError:
-            continue
-        with w:
-            if w.wait(10) is None:
-                left.append(pid)
-                w.kill()
-                w.wait(10)
-    return left
+    """Let what a run left behind end by itself for 10 s, then kill it with the product's own
+    ladder (by pidfd, never a recycled pid); return the pids that had to be killed."""
+    report = hk.stop(pids, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
+    return [*report.terminated, *report.killed, *report.survivors]
 
 
 def run_cell(cell: Cell, runs: int, *, parallel: int = 4) -> CellResult:

@@ -16,16 +16,9 @@ import sys
 import time
 
 import torch.distributed as dist
+from torchrun_job import helper_server  # this script's directory is on sys.path
 
 import healthkit as hk
-
-
-def helper_server(queue: mp.Queue) -> None:  # type: ignore[type-arg]
-    i = 0
-    while True:
-        queue.put(i)
-        i += 1
-        time.sleep(0.02)
 
 
 def main() -> None:

@@ -64,15 +64,7 @@ def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
             proc.communicate()
-        for pid in helpers:
-            try:
-                w = hk.ProcessWatch(pid)
-            except hk.NoSuchProcessError:
-                continue
-            with w:
-                if w.wait(10) is None:
-                    w.kill()
-                    w.wait(10)
+        hk.stop(helpers, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
     return proc.returncode, "".join(lines) + out, helpers
 
 
