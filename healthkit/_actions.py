@@ -271,8 +271,9 @@ class exit_process:
     ``os._exit`` on purpose: a normal exit would run atexit hooks and join threads that
     may be blocked on the dead helper, which is the hang being escaped. Skipping atexit
     also skips multiprocessing's termination of daemon children, which would then be
-    orphaned; so first send SIGTERM to this process's multiprocessing children (without
-    waiting for them: they may be stuck too). ``code`` must be in 1..255
+    orphaned; so first send SIGTERM to every process below this one (multiprocessing
+    children, ``Popen`` helpers, DataLoader workers and their own children, each pinned by
+    a pidfd), without waiting for them: they may be stuck too. ``code`` must be in 1..255
     (:class:`InvalidExitCodeError` otherwise): the OS keeps 8 bits, so 256 would read as a
     success.
     """
@@ -286,20 +287,25 @@ class exit_process:
 
     def __call__(self, event: FailureEvent) -> None:
         if self.terminate_children:
-            terminate_multiprocessing_children()
+            terminate_helper_tree()
         flush_logging()
         os._exit(self.code)
 
 
-def terminate_multiprocessing_children() -> None:
-    """SIGTERM every live multiprocessing child of this process; never blocks."""
-    import multiprocessing
+def terminate_helper_tree() -> None:
+    """SIGTERM every process below this one, through pidfds; never blocks."""
+    from healthkit._stop import watch_tree
 
-    for child in multiprocessing.active_children():
+    try:
+        watches = watch_tree(os.getpid())
+    except Exception:
+        return
+    for watch in watches:
         try:
-            child.terminate()
+            watch.terminate()
         except Exception:
             pass
+        watch.close()
 
 
 class raise_in_main_thread:

@@ -59,7 +59,7 @@ from healthkit._decide import Verdict, check_on_clean_exit, decide, stop_like
 from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._proc import read_proc_stat
-from healthkit._stop import stop
+from healthkit._stop import stop, watch_tree
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
 
 __all__ = ["SidecarError", "SidecarLink"]
@@ -399,7 +399,20 @@ class _Sidecar:
         return entry
 
     # ---- deciding
+    def owner_exiting(self) -> bool:
+        """Whether the owner is dying or dead: its pidfd is readable only once all its
+        threads are gone, but a helper that dies *with* it (a parent-death signal sent when
+        the owner's forking thread exits) can be seen before that."""
+        assert self.owner is not None
+        if self.owner.poll() is not None:
+            return True
+        stat = read_proc_stat(self.owner.pid)
+        return stat is None or stat.state in ("Z", "X")
+
     def on_death(self, entry: _Watched) -> int | None:
+        if self.owner_exiting():
+            self.done = True  # it died with its owner (or is the owner's own teardown)
+            return 0
         status = entry.status
         if entry.watch is not None:
             status = entry.watch.poll()
@@ -467,9 +480,16 @@ class _Sidecar:
             config["owner_pid"],
         )
         assert self.owner is not None
+        # The owner's whole helper tree (DataLoader workers, its own helpers' children),
+        # listed while the owner lives: once it dies they are reparented out of reach.
+        tree = watch_tree(self.owner.pid, exclude=[os.getpid()])
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
         # the owner's GIL is held.
-        stop([self.owner], term_timeout=float(config["kill_grace"]), name="the owner")
+        grace = float(config["kill_grace"])
+        stop([self.owner], term_timeout=grace, name="the owner")
+        stop(tree, term_timeout=grace, name="the owner's helpers")
+        for watch in tree:
+            watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
         # stop the other processes it asked us to watch, as its normal exit would have.
         for other in self.watched.values():

@@ -21,9 +21,10 @@ from multiprocessing.process import BaseProcess
 import attrs
 
 from healthkit._errors import NoSuchProcessError, check_timeout
+from healthkit._proc import descendants, read_proc_stat
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
-__all__ = ["StopReport", "stop"]
+__all__ = ["StopReport", "stop", "watch_tree"]
 
 logger = logging.getLogger("healthkit")
 
@@ -133,6 +134,34 @@ def stop(
     finally:
         for w in built:
             w.close()
+
+
+def watch_tree(pid: int, *, exclude: Iterable[int] = ()) -> list[ProcessWatch]:
+    """Watches on every process below ``pid`` (parents first), each pinned by a pidfd.
+
+    Why before acting: once ``pid`` dies its children are reparented and can no longer be
+    found from it, and a pid read from ``/proc`` may be reused before it is signalled. Each
+    pidfd is opened right after the listing and its process's start time compared with the
+    listing's, so a reused pid is never included. ``exclude``: pids to leave out (the caller).
+    """
+    skip = set(exclude)
+    watches: list[ProcessWatch] = []
+    for child in descendants(pid):
+        if child in skip:
+            continue
+        listed = read_proc_stat(child)
+        if listed is None:
+            continue
+        try:
+            watch = ProcessWatch(child)
+        except NoSuchProcessError:
+            continue
+        now = read_proc_stat(child)
+        if now is None or now.start_time != listed.start_time:
+            watch.close()
+            continue
+        watches.append(watch)
+    return watches
 
 
 def _wait_all(watches: list[ProcessWatch], deadline: float) -> list[ProcessWatch]:

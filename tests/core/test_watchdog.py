@@ -623,3 +623,21 @@ def test_raise_in_main_thread_passes_the_applications_own_signals_through() -> N
         wd.disarm()
         _stop(p)
         signal.signal(signal.SIGUSR1, previous)
+
+
+# --------------------------------------------------------------------------- the whole helper tree
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_fired_watchdog_leaves_nothing_of_the_rank_behind(mode: str) -> None:
+    """Unwatched helpers and their children (DataLoader workers stuck in a call) go too:
+    with the rank gone they would be reparented to init and live on."""
+    proc, _ = run_owner("kill-helper-with-tree", "--mode", mode, "--helpers", "1")
+    assert "TREE ALIVE" not in proc.stdout and proc.returncode != 0, proc.stderr
+    tree = [int(x) for x in proc.stdout.split("TREE ", 1)[1].split()[:2]]
+    left = _reap_strays(tree)  # waits 5 s for them to end by themselves
+    assert left == [], f"still running after the rank died: {left}"
+
+
+def test_a_disarmed_watchdog_leaves_the_helper_tree_alone() -> None:
+    proc, _ = run_owner("disarm-then-kill-with-tree", "--helpers", "1")
+    assert "TREE ALIVE" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr

@@ -10,9 +10,11 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import healthkit as hk
 
@@ -28,6 +30,13 @@ def return_early() -> None:
 def exit_3() -> None:
     time.sleep(0.3)
     sys.exit(3)
+
+
+def parent_of_a_stuck_grandchild(pid_out: Any) -> None:
+    """An unwatched helper whose own child blocks in a call (a DataLoader worker's shape)."""
+    grandchild = subprocess.Popen(["sleep", "600"])
+    pid_out.value = grandchild.pid
+    grandchild.wait()
 
 
 def survive(seconds: float = 2.0) -> None:
@@ -82,6 +91,22 @@ def main() -> None:
     sidecar = wd.sidecar_pid or 0
     print("READY", " ".join(str(p.pid) for p in helpers), sidecar, flush=True)
 
+    if args.scenario in ("kill-helper-with-tree", "disarm-then-kill-with-tree"):
+        pid_out = ctx.Value("i", 0)
+        child = ctx.Process(target=parent_of_a_stuck_grandchild, args=(pid_out,), daemon=False)
+        child.start()
+        while not pid_out.value:
+            time.sleep(0.01)
+        print("TREE", child.pid, pid_out.value, flush=True)
+        if args.scenario.startswith("disarm"):
+            wd.disarm()
+        os.kill(helpers[0].pid, signal.SIGKILL)
+        time.sleep(1.0)
+        # Only reached when nothing fired: the tree must be untouched.
+        alive = [p for p in (child.pid, pid_out.value) if os.path.exists(f"/proc/{p}")]
+        print("TREE ALIVE" if len(alive) == 2 else f"TREE BROKEN {alive}", flush=True)
+        hk.stop([child, pid_out.value], term_timeout=5)
+        return
     if args.scenario == "helper-dies-during-thread-join":
         # main() returns at once; a non-daemon thread still runs, and the helper dies while
         # the interpreter joins that thread at exit.
