@@ -3,10 +3,13 @@
     cd /some/scratch/dir   # GL writes its glog files into the current directory
     torchrun --nproc_per_node=2 /path/to/examples/graphlearn_negative_sampler.py --steps 50
 
-Each node's LOCAL_RANK 0 runs the GL server (forked, watched); every rank is a GL client in
-its main process and runs a loop of ``sampler.get()`` + a gloo ``all_reduce``. Kill the server
+Each node's LOCAL_RANK 0 runs the GL server (forked, watched); every rank runs a loop of
+``sampler.get()`` + a gloo ``all_reduce``. The GL client is in the rank's main process, or,
+with ``--workers N``, in each of N DataLoader workers, as TorchEasyRec runs it (the server then
+loads in the background, ``wait=False``, and each worker dies with its rank). Kill the server
 (``kill -9 <pid>``, pid in ``--pid-file``) and the job ends in about a second with the
-server's diagnosis as torchrun's root cause, instead of hanging for ~17 minutes.
+server's diagnosis as torchrun's root cause, instead of hanging for ~17 minutes, and no
+worker stays behind.
 
 The sampler class mirrors tzrec's ``BaseSampler``/``NegativeSampler``
 (tzrec/datasets/sampler.py); the lines marked ``# healthkit`` are what adopting it changes.
@@ -25,6 +28,7 @@ from typing import Any
 from healthkit_graphlearn import (
     DistEnv,
     client_task_index,
+    die_with_rank,
     get_cluster_spec,
     import_graphlearn,
     launch_sampler_server,
@@ -62,6 +66,7 @@ class NegativeSampler:
         self._cluster = get_cluster_spec(num_client_per_rank, host=host)  # healthkit
 
     def launch_server(self, **kwargs: Any) -> None:
+        """``kwargs``: ``mode=``, ``wait=`` ... of :func:`launch_sampler_server`."""
         assert self._cluster, "should init cluster first."
         gl.set_tracker_mode(0)
         env = DistEnv.from_environ()  # healthkit
@@ -70,6 +75,7 @@ class NegativeSampler:
     def init(self, client_id: int = -1, shorten_retries: bool = False) -> None:
         assert self._cluster, "should init cluster first."
         gl.set_tracker_mode(0)
+        die_with_rank()  # healthkit: in a DataLoader worker, die with the rank
         task_index = client_task_index(  # healthkit
             client_id,
             num_client_per_rank=self._num_client_per_rank,
@@ -111,6 +117,22 @@ def write_node_file(path: str, num_nodes: int = 100) -> None:
             f.write(f"{i}\t1\t{i}:{i + 1000}:s{i}\n")
 
 
+def _worker_loader(sampler: NegativeSampler, workers: int, shorten: bool) -> Any:
+    """A DataLoader whose workers each open their own GL client, as tzrec's dataset does."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Samples(IterableDataset[Any]):
+        def __iter__(self) -> Any:
+            sampler.init(shorten_retries=shorten)  # in the worker: its own client
+            i = 0
+            while True:
+                yield torch.as_tensor(sampler.get([i % 100, (i + 1) % 100]))
+                i += 1
+
+    return DataLoader(Samples(), batch_size=None, num_workers=workers, persistent_workers=True)
+
+
 def main() -> int:
     import torch
     import torch.distributed as dist
@@ -120,6 +142,7 @@ def main() -> int:
     ap.add_argument("--host", default=None, help="server host (default: this host's address)")
     ap.add_argument("--mode", default="sidecar", choices=["sidecar", "thread"])
     ap.add_argument("--shorten-retries", action="store_true")
+    ap.add_argument("--workers", type=int, default=0, help="GL clients in N DataLoader workers")
     ap.add_argument("--pid-file", default=None, help="rank 0 writes the server's pid here")
     args = ap.parse_args()
     logging.basicConfig(
@@ -132,25 +155,32 @@ def main() -> int:
     if env.local_rank == 0:
         write_node_file(node_file)
     sampler = NegativeSampler(node_file, num_sample=4, batch_size=2)
-    sampler.init_cluster(host=args.host)
-    sampler.launch_server(mode=args.mode)
+    sampler.init_cluster(num_client_per_rank=max(args.workers, 1), host=args.host)
+    # With workers, the server loads in the background while the DataLoader starts (tzrec).
+    sampler.launch_server(mode=args.mode, wait=args.workers == 0)
     if args.pid_file and sampler.server_pid is not None:
         with open(args.pid_file + ".tmp", "w") as f:
             f.write(str(sampler.server_pid))
         os.replace(args.pid_file + ".tmp", args.pid_file)
-    dist.barrier()  # every node's server is ready: clients need no start-up retries
-    sampler.init(shorten_retries=args.shorten_retries)
+    dist.barrier()  # every node's server is launched (with workers: maybe still loading)
+    if args.workers:
+        batches = iter(_worker_loader(sampler, args.workers, args.shorten_retries))
+        get = lambda i: next(batches)  # noqa: E731
+    else:
+        sampler.init(shorten_retries=args.shorten_retries)
+        get = lambda i: sampler.get([i % 100, (i + 1) % 100])  # noqa: E731
 
     step = 0
     while args.steps == 0 or step < args.steps:
-        ids = sampler.get([step % 100, (step + 1) % 100])
+        ids = get(step)
         total = torch.tensor([float(ids.sum())])
         dist.all_reduce(total)
         if step == 1:
             print(f"TRAINING rank={env.rank}", flush=True)
         step += 1
         time.sleep(0.01)
-    sampler.close()  # every client disconnects before any server goes away
+    if not args.workers:  # (workers' clients end with the workers)
+        sampler.close()  # every client disconnects before any server goes away
     dist.barrier()
     print(f"JOB DONE rank={env.rank} steps={step}", flush=True)
     dist.destroy_process_group()

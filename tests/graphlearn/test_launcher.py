@@ -223,3 +223,80 @@ def test_a_server_not_ready_in_time_is_stopped_and_raises(tmp_path: Path) -> Non
     assert res["type"] == "SamplerServerTimeoutError"
     assert "HEALTHKIT_GL_READY_TIMEOUT" in res["message"]
     assert res["after_s"] < 30 and res["children"] == []
+
+
+# --------------------------------------------------------------------------- wait=False
+@pytest.mark.timeout(180)
+def test_background_launch_returns_at_once_and_the_server_serves_past_its_deadline(
+    tmp_path: Path,
+) -> None:
+    # Loading takes ~4 s here; the deadline is 8 s and the rank holds until 12 s after the
+    # launch: a server that became ready in time keeps serving (the timer was disarmed).
+    owner = Owner(tmp_path, "background", "--ready-timeout", "8", "--hold", "12")
+    owner.wait_ready()
+    launched = owner.result("\n".join(owner.out.lines), "LAUNCHED")
+    rc, out, err = owner.finish()
+    assert rc == 0, err[-3000:]
+    assert launched["after_s"] < 2.0 and launched["ready"] is False
+    assert launched["ready_after"] is None
+    res = owner.result(out)
+    assert res["short_wait"].startswith("SamplerServerTimeoutError: ")
+    assert "keeps loading" in res["short_wait"]
+    assert 0 < res["ready_after"] < 8 and res["ready"] is True
+    assert res["alive_after_hold"] is True and _valid_ids(res["ids"])
+    assert "loading" not in res["repr"]
+    assert re.search(r"loading in the background, watched by the sidecar watchdog; if "
+                     r"graph\.init\(\) has not returned after 8 s it ends itself with SIGALRM", err)
+    assert alarms(err) == [], err[-3000:]
+    assert owner.strays == []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("mode", "rc"), [("sidecar", -signal.SIGTERM), ("thread", 1)])
+def test_background_launch_a_death_while_loading_fails_the_rank(
+    tmp_path: Path, mode: str, rc: int
+) -> None:
+    owner = Owner(tmp_path, "background-death", "--mode", mode)
+    owner.wait_ready()
+    got, _, err = owner.finish()
+    assert got == rc, err[-3000:]
+    assert re.search(
+        rf"graphlearn sampler server 0 at 127\.0\.0\.1:\d+ \(pid {owner.server}\) was "
+        "killed by SIGABRT",
+        err,
+    ), err[-3000:]
+    assert owner.strays == []
+
+
+def test_background_launch_wait_ready_raises_the_startup_diagnosis(tmp_path: Path) -> None:
+    rc, out, err = run_owner(tmp_path, "background-death", "--arm", "0")
+    assert rc == 0, err[-3000:]
+    res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RAISED "))[7:])
+    assert res["type"] == "SamplerServerStartupError" and res["signal"] == "SIGABRT"
+    assert "died before it was ready to serve" in res["message"]
+
+
+@pytest.mark.timeout(180)
+def test_background_launch_not_ready_by_its_deadline_dies_of_sigalrm_and_fails_the_rank(
+    tmp_path: Path,
+) -> None:
+    error_file = tmp_path / "error.json"
+    owner = Owner(
+        tmp_path,
+        "background-deadline",
+        "--ready-timeout",
+        "0.3",
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    owner.wait_ready()
+    rc, _, err = owner.finish()
+    assert rc == -signal.SIGTERM, err[-3000:]
+    m = re.search(
+        rf"graphlearn sampler server 0 at 127\.0\.0\.1:\d+ \(pid {owner.server}\) was "
+        "killed by SIGALRM",
+        err,
+    )
+    assert m, err[-3000:]
+    assert m.group(0) in json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
+    assert "ends itself with SIGALRM (ready_timeout= or $HEALTHKIT_GL_READY_TIMEOUT)" in err
+    assert owner.strays == []

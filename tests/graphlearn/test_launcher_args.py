@@ -73,6 +73,7 @@ def test_a_bad_ready_timeout_in_the_environment_is_rejected_naming_it(
         ({"task_index": True}, TypeError, "task_index must be an int"),
         ({"local_rank": -1}, ValueError, "local_rank must be >= 0"),
         ({"mode": "process"}, ValueError, "mode must be 'sidecar' or 'thread'"),
+        ({"wait": "no"}, TypeError, "wait must be True or False"),
         ({"on_clean_exit": "raise"}, ValueError, "on_clean_exit must be"),
         ({"ready_timeout": 0}, ValueError, "ready_timeout must be a positive"),
         ({"ready_timeout": float("nan")}, ValueError, "ready_timeout must be a positive"),
@@ -110,6 +111,8 @@ def test_errors_subclass_the_builtins_callers_already_catch() -> None:
     assert issubclass(hkgl.SamplerServerTimeoutError, TimeoutError)
     assert issubclass(hkgl.LaunchContextError, hkgl.SamplerServerError)
     assert issubclass(hkgl.SamplerServerError, hk.HealthkitError)
+    assert issubclass(hkgl.GraphLearnFeatureError, hk.HealthkitError)
+    assert issubclass(hkgl.GraphLearnFeatureError, NotImplementedError)
 
 
 def test_shortened_retries_are_validated_and_their_worst_case_is_known() -> None:

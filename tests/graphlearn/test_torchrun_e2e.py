@@ -116,9 +116,10 @@ def test_killing_the_server_ends_the_job_in_seconds_with_it_as_the_root_cause(
 
 
 @pytest.mark.timeout(300)
-def test_the_same_job_left_alone_finishes_with_exit_code_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["0", "2"])  # 2: clients in DataLoader workers (tzrec)
+def test_the_same_job_left_alone_finishes_with_exit_code_0(tmp_path: Path, workers: str) -> None:
     _gl_available()
-    job = Job(tmp_path, "--steps", "40")
+    job = Job(tmp_path, "--steps", "40", "--workers", workers)
     job.wait_training()
     rc, out, strays = job.finish(timeout=120)
     assert rc == 0, out[-5000:]

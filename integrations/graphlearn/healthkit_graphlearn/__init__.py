@@ -3,8 +3,12 @@
 ``launch_sampler_server`` starts the node's GL server in a process this rank owns, waits until
 it serves, and arms a DisarmableWatchdog on it: when the server dies the rank fails in seconds
 with a diagnosis, instead of every client retrying for ~17 minutes until a collective timeout.
-The cluster-spec helpers replace tzrec's ``_get_cluster_spec``; ``shorten_client_retries``
-bounds the GIL-holding client retries.
+``wait=False`` launches it in the background, as tzrec does, with its readiness still
+bounded. The cluster-spec helpers replace tzrec's ``_get_cluster_spec``;
+``shorten_client_retries`` bounds the GIL-holding client retries; ``die_with_rank`` makes a
+DataLoader worker that holds a GL client die with its rank. ``graphlearn_build`` and the
+``set_*`` wrappers let one code base run on graph-learn builds with and without
+TorchEasyRec's extra settings.
 
 The names below are loaded on first use (PEP 562), so ``import healthkit_graphlearn`` imports
 neither GL, torch, numpy nor even healthkit itself: GL is imported by ``import_graphlearn()``
@@ -27,6 +31,14 @@ if TYPE_CHECKING:
         server_address,
     )
     from healthkit_graphlearn._env import DistEnv
+    from healthkit_graphlearn._features import (
+        TZREC_GL_CALLS,
+        GraphLearnBuild,
+        GraphLearnFeatureError,
+        graphlearn_build,
+        set_load_graph_thread_num,
+        set_use_string_hash_id,
+    )
     from healthkit_graphlearn._gl_import import GraphLearnImportError, import_graphlearn
     from healthkit_graphlearn._server import (
         DEFAULT_READY_TIMEOUT,
@@ -38,6 +50,7 @@ if TYPE_CHECKING:
         SamplerServerTimeoutError,
         launch_sampler_server,
     )
+    from healthkit_graphlearn._worker import die_with_rank
 
 __version__ = "0.1.0"
 
@@ -51,6 +64,13 @@ _EXPORTS = {
     "get_cluster_spec": "_cluster",
     "server_address": "_cluster",
     "DistEnv": "_env",
+    "TZREC_GL_CALLS": "_features",
+    "GraphLearnBuild": "_features",
+    "GraphLearnFeatureError": "_features",
+    "graphlearn_build": "_features",
+    "set_load_graph_thread_num": "_features",
+    "set_use_string_hash_id": "_features",
+    "die_with_rank": "_worker",
     "GraphLearnImportError": "_gl_import",
     "import_graphlearn": "_gl_import",
     "DEFAULT_READY_TIMEOUT": "_server",
@@ -68,6 +88,8 @@ __all__ = [
     "DEFAULT_READY_TIMEOUT",
     "DistEnv",
     "Exchange",
+    "GraphLearnBuild",
+    "GraphLearnFeatureError",
     "GraphLearnImportError",
     "LaunchContextError",
     "READY_TIMEOUT_ENV",
@@ -75,13 +97,18 @@ __all__ = [
     "SamplerServerError",
     "SamplerServerStartupError",
     "SamplerServerTimeoutError",
+    "TZREC_GL_CALLS",
     "client_task_index",
+    "die_with_rank",
     "exchange_server_addresses",
     "free_port",
     "get_cluster_spec",
+    "graphlearn_build",
     "import_graphlearn",
     "launch_sampler_server",
     "server_address",
+    "set_load_graph_thread_num",
+    "set_use_string_hash_id",
     "shorten_client_retries",
 ]
 

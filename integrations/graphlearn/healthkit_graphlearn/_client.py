@@ -13,6 +13,8 @@ retry a client started before its server fails at once; GL's own start-up takes 
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import attrs
 
 from healthkit_graphlearn._gl_import import import_graphlearn
@@ -39,7 +41,9 @@ class ClientRetryBudget:
         return self.dead_server_block_s + self.retry_times * per_attempt
 
 
-def shorten_client_retries(retry_times: int = 2, timeout: int | None = None) -> ClientRetryBudget:
+def shorten_client_retries(
+    retry_times: int = 2, timeout: int | None = None, *, gl: ModuleType | None = None
+) -> ClientRetryBudget:
     """Set GL's process-wide client retries (and optionally the per-attempt timeout).
 
     Call it in every client process (each DataLoader worker, or the main process) right after
@@ -47,7 +51,11 @@ def shorten_client_retries(retry_times: int = 2, timeout: int | None = None) -> 
     server to 2 s, after which it raises ``graphlearn.python.errors.UnavailableError`` and a
     ``mode="thread"`` watchdog gets the GIL back; 1 fails at the first refused connection.
     The setting also applies to clients that already exist, and is inherited by forked
-    children.
+    children. ``gl``: the graph-learn module in use (default: the imported ``graphlearn``).
+
+    Raises:
+        GraphLearnFeatureError: the build has no ``set_retry_times`` (or, with ``timeout``,
+            no ``set_timeout``).
     """
     if isinstance(retry_times, bool) or not isinstance(retry_times, int) or retry_times < 1:
         raise ValueError(f"retry_times must be an int >= 1, got {retry_times!r}")
@@ -55,7 +63,17 @@ def shorten_client_retries(retry_times: int = 2, timeout: int | None = None) -> 
         isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
     ):
         raise ValueError(f"timeout must be None or an int number of seconds >= 1, got {timeout!r}")
-    gl = import_graphlearn()
+    gl = import_graphlearn() if gl is None else gl
+    needed = ["set_retry_times"] + (["set_timeout"] if timeout is not None else [])
+    missing = [n for n in needed if not callable(getattr(gl, n, None))]
+    if missing:
+        from healthkit_graphlearn._features import GraphLearnFeatureError, graphlearn_build
+
+        raise GraphLearnFeatureError(
+            f"{graphlearn_build(gl).describe()} has no {' / '.join(missing)}, so its client "
+            "retries cannot be shortened: use mode='sidecar' (the default), which does not "
+            "need it"
+        )
     gl.set_retry_times(retry_times)
     if timeout is not None:
         gl.set_timeout(timeout)

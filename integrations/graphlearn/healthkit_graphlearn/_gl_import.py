@@ -15,7 +15,11 @@ Why this is not just ``import graphlearn``:
 * The PyPI project named ``graphlearn`` is an unrelated package; an importable top-level
   ``graphlearn`` is only trusted when it looks like Alibaba's (it has ``pywrap_graphlearn`` and,
   once imported, ``Graph`` and ``set_tracker_mode``).
-* numpy 2 makes this GL build segfault (not catchable either), so it is refused up front.
+* A GL build may crash (SIGSEGV, not catchable either) with a numpy its wheel was not built
+  for: graphscope-client 0.29's GL does with numpy 2. Each build says which numpy it supports
+  in its own distribution metadata (graphscope-client declares ``numpy<2.0.0``; TorchEasyRec's
+  ``graphlearn`` 1.3.8 build runs on numpy 2), so the bound is read from there and checked
+  before the import, never assumed: a build that declares no bound is imported as it is.
 
 Nothing here imports GL at module import time: call :func:`import_graphlearn` when GL is needed.
 Forked children inherit ``sys.path`` and the environment; ``multiprocessing`` spawn children get
@@ -29,6 +33,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -36,12 +41,18 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["VINEYARD_REGISTRY_ENV", "GraphLearnImportError", "import_graphlearn"]
+__all__ = [
+    "VINEYARD_REGISTRY_ENV",
+    "GraphLearnImportError",
+    "graphlearn_distribution",
+    "import_graphlearn",
+]
 
 VINEYARD_REGISTRY_ENV = "__VINEYARD_INTERNAL_REGISTRY"
 _REGISTRY_LIB = "libvineyard_internal_registry.so"
 _INSTALL_HINT = (
     "install Alibaba graph-learn as healthkit documents it: "
+    "TorchEasyRec's `graphlearn` wheel, or "
     "`pip install --no-deps graphscope-client==0.29.0 vineyard` and `pip install 'numpy<2'` "
     "(on Python <= 3.9 the `graph-learn` wheel also works). "
     "Never install the PyPI package named `graphlearn`: it is an unrelated project."
@@ -64,7 +75,8 @@ def import_graphlearn() -> ModuleType:
     Raises:
         GraphLearnImportError: GL is missing, the ``graphlearn`` found is not Alibaba's, or it
             cannot be imported without aborting the process (vineyard registry not found,
-            numpy >= 2). The message names what to install or change.
+            a numpy outside the range the GL build's own metadata declares). The message names
+            what to install or change.
     """
     with _lock:
         mod = sys.modules.get("graphlearn")
@@ -92,7 +104,7 @@ def import_graphlearn() -> ModuleType:
             importlib.invalidate_caches()
             pkg_dir = bundled
 
-        _check_numpy()
+        _check_numpy(pkg_dir)
         _ensure_vineyard_registry(pkg_dir)
         try:
             mod = importlib.import_module("graphlearn")
@@ -229,15 +241,112 @@ def _find_vineyard_registry() -> Path | None:
     return None
 
 
-def _check_numpy() -> None:
+def graphlearn_distribution(pkg_dir: Path) -> importlib.metadata.Distribution | None:
+    """The installed distribution that ships the GL package at ``pkg_dir``, if any.
+
+    ``graphscope-client`` for the copy at ``graphscope/learning/graphlearn``; TorchEasyRec's
+    ``graphlearn`` (or ``graph-learn``) for a top-level one. ``None`` for a source tree on
+    ``sys.path``. Matched by the files each candidate records, not by name alone: the PyPI
+    project called ``graphlearn`` is unrelated.
+    """
+    real = pkg_dir.resolve()
+    # The path as imported names the distribution (a top-level `graphlearn` symlinked into
+    # another tree is that other tree's file but this distribution's package); the resolved
+    # path covers the import shim, whose link points into graphscope-client.
+    tops = [_top_level_name(pkg_dir), _top_level_name(real)]
+    try:
+        table = importlib.metadata.packages_distributions()
+    except Exception:  # a broken dist-info somewhere must not break the import
+        return None
+    names = [n for top in tops for n in table.get(top, [])]
+    for name in dict.fromkeys(names):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or ():
+            if f.name == "__init__.py" and Path(str(dist.locate_file(f))).resolve().parent == real:
+                return dist
+    return None
+
+
+def _top_level_name(path: Path) -> str:
+    parts = path.parts
+    for i in range(len(parts) - 2):
+        if parts[i : i + 3] == ("graphscope", "learning", "graphlearn"):
+            return "graphscope"
+    return path.name
+
+
+def _numpy_bounds(dist: importlib.metadata.Distribution) -> list[tuple[str, str]]:
+    """``(operator, version)`` pairs of the unconditional ``numpy`` requirement of ``dist``.
+
+    Requirements with an environment marker are skipped (they are extras or other platforms
+    in the builds that exist; a marker would need ``packaging`` to evaluate)."""
+    bounds: list[tuple[str, str]] = []
+    for req in dist.requires or ():
+        spec, _, marker = req.partition(";")
+        m = re.fullmatch(r"\s*numpy\s*(?:\((.*)\)|(.*?))\s*", spec, re.IGNORECASE)
+        if m is None or marker.strip():
+            continue
+        for part in (m.group(1) or m.group(2) or "").split(","):
+            op = re.fullmatch(r"\s*(<=|>=|==|!=|<|>|~=)\s*([0-9][0-9a-zA-Z.*+!-]*)\s*", part)
+            if op:
+                bounds.append((op.group(1), op.group(2)))
+    return bounds
+
+
+def _release(version: str) -> tuple[int, ...]:
+    nums = []
+    for piece in version.split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        nums.append(int(digits.group()))
+    return tuple(nums)
+
+
+def _satisfies(version: str, op: str, bound: str) -> bool:
+    """Numeric release comparison, enough for the bounds GL builds declare (``<2.0.0``)."""
+    have, want = _release(version), _release(bound.rstrip(".*"))
+    width = max(len(have), len(want))
+    have += (0,) * (width - len(have))
+    want += (0,) * (width - len(want))
+    if bound.endswith(".*"):
+        same = have[: len(_release(bound[:-2]))] == want[: len(_release(bound[:-2]))]
+        return same if op == "==" else not same if op == "!=" else True
+    return {
+        "<": have < want,
+        "<=": have <= want,
+        ">": have > want,
+        ">=": have >= want,
+        "==": have == want,
+        "!=": have != want,
+        "~=": have >= want,
+    }[op]
+
+
+def _check_numpy(pkg_dir: Path) -> None:
+    """Refuse a numpy outside the range the GL build's own metadata declares."""
     try:
         version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:
-        raise GraphLearnImportError("Alibaba graph-learn needs numpy<2: " + _INSTALL_HINT) from None
-    if int(version.split(".")[0]) >= 2:
         raise GraphLearnImportError(
-            f"numpy {version} is installed; this Alibaba graph-learn build crashes (SIGSEGV) "
-            "with numpy 2: `pip install 'numpy<2'`"
+            "Alibaba graph-learn needs numpy, which is not installed: " + _INSTALL_HINT
+        ) from None
+    dist = graphlearn_distribution(pkg_dir)
+    if dist is None:
+        return  # nothing declared (a source tree): import it as it is
+    bounds = _numpy_bounds(dist)
+    broken = [f"{op}{bound}" for op, bound in bounds if not _satisfies(version, op, bound)]
+    if broken:
+        name = dist.metadata["Name"]
+        raise GraphLearnImportError(
+            f"numpy {version} is installed, but the Alibaba graph-learn at {pkg_dir} comes from "
+            f"{name} {dist.version}, which requires numpy{','.join(broken)}; importing it would "
+            f"crash the process (SIGSEGV): `pip install 'numpy{','.join(broken)}'`, or use a "
+            "graph-learn build made for this numpy (TorchEasyRec's `graphlearn` wheel supports "
+            "numpy 2)"
         )
 
 

@@ -7,9 +7,16 @@ its clients retry a dead connection for ~17 minutes and the job dies of a collec
 that names no cause. Here:
 
 * the server is forked (the graph object cannot be pickled) and its handle kept;
-* it reports readiness over a pipe once ``graph.init()`` returns, and the launcher waits for
-  that *or* its death, within a bound: a server that dies while loading raises
-  :class:`SamplerServerStartupError` with the diagnosis instead of leaving clients retrying;
+* it reports readiness over a pipe once ``graph.init()`` returns. By default the launcher
+  waits for that *or* its death, within a bound: a server that dies while loading raises
+  :class:`SamplerServerStartupError` with the diagnosis instead of leaving clients retrying.
+  ``wait=False`` is tzrec's shape: the rank goes on (building its model, starting its
+  DataLoader, whose workers' clients wait for the server themselves) while the server loads.
+  The watchdog is armed at once, so a death while loading fails the rank like any other, and
+  the readiness bound is kept by the kernel: the server arms ``ITIMER_REAL`` before
+  ``graph.init()`` and disarms it after, so a server that is still not ready at the deadline
+  dies of SIGALRM (no thread of the rank or the server needs the GIL for that) and the
+  watchdog reports it;
 * a DisarmableWatchdog watches it, by default from a sidecar process, because the rank's own
   threads cannot run while its GL client call holds the GIL;
 * the server dies with its owner (``PR_SET_PDEATHSIG``), even when the owner is SIGKILLed;
@@ -105,8 +112,13 @@ class SamplerServer:
         cluster: Mapping[str, int | str],
         task_index: int,
         address: str,
-        ready_after: float,
+        ready_after: float | None,
         run_until_disarmed: bool = False,
+        *,
+        ready_conn: Connection | None = None,
+        started_at: float | None = None,
+        ready_timeout: float | None = None,
+        diagnoser: ExitDiagnoser | None = None,
     ) -> None:
         self.process = process
         self.watch = watch
@@ -114,9 +126,14 @@ class SamplerServer:
         self.cluster: dict[str, int | str] = dict(cluster)
         self.task_index = task_index
         self.address = address
-        #: Seconds from fork to "ready to serve" (``graph.init()`` returned in the server).
+        #: Seconds from fork to "ready to serve" (``graph.init()`` returned in the server);
+        #: ``None`` while a ``wait=False`` launch has not been seen ready (see :attr:`ready`).
         self.ready_after = ready_after
         self._run_until_disarmed = run_until_disarmed
+        self._ready_conn = ready_conn  # wait=False: the read end of the readiness pipe
+        self._started_at = started_at
+        self._ready_timeout = ready_timeout
+        self._diagnoser = diagnoser
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
         self._stopped = False
@@ -144,6 +161,79 @@ class SamplerServer:
     def is_alive(self) -> bool:
         self._check_owner("check")
         return not self._stopped and self.process.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the server said it serves (``graph.init()`` returned); never blocks."""
+        if self.ready_after is not None:
+            return True
+        self._check_owner("check")
+        with self._lock:
+            return self._poll_ready(0.0)
+
+    def wait_ready(self, timeout: float | None = None) -> float:
+        """Block until the server serves; return :attr:`ready_after`. For ``wait=False``
+        launches (a ``wait=True`` launch returns ready); the deadline of the launch still
+        holds (past it the server dies of SIGALRM and the watchdog reports it).
+
+        Raises:
+            SamplerServerStartupError: it died before it was ready; carries the diagnosis.
+            SamplerServerTimeoutError: not ready within ``timeout`` seconds (it keeps loading).
+            LaunchContextError: called from a process forked from the launching one.
+        """
+        if self.ready_after is not None:
+            return self.ready_after
+        self._check_owner("wait for")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 <= timeout < float("inf")
+        ):
+            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        with self._lock:
+            if self._poll_ready(timeout):
+                assert self.ready_after is not None
+                return self.ready_after
+            if self._stopped:
+                raise SamplerServerError(f"{self.name} was stopped before it was ready")
+            # The pipe's EOF can come a moment before the kernel reports the exit.
+            dying = self._ready_conn is None
+            if self.watch.wait(_STOP_TIMEOUT if dying else 0.0) is None:
+                raise SamplerServerTimeoutError(
+                    f"{self.name} (pid {self.pid}) was not ready to serve after "
+                    f"{timeout or 0:g} s; it keeps loading (its own deadline is "
+                    f"{self._ready_timeout:g} s from the launch)"
+                )
+            diagnosis = (self._diagnoser or ExitDiagnoser()).diagnose(self.watch)
+        raise SamplerServerStartupError(
+            f"{self.name} died before it was ready to serve: {diagnosis}", diagnosis
+        )
+
+    def _poll_ready(self, timeout: float | None) -> bool:
+        """With ``_lock`` held: read the readiness message if it comes within ``timeout``."""
+        conn = self._ready_conn
+        if self.ready_after is not None:
+            return True
+        if conn is None or self._stopped:
+            return False
+        got = multiprocessing.connection.wait([conn, self.watch.fileno()], timeout)
+        if conn not in got:
+            return False
+        try:
+            conn.recv()
+        except EOFError:  # it died before saying so; the caller reads how
+            self._close_ready_conn()
+            return False
+        assert self._started_at is not None
+        self.ready_after = time.monotonic() - self._started_at
+        self._close_ready_conn()
+        logger.info("%s is ready, %.1f s after its launch", self.name, self.ready_after)
+        return True
+
+    def _close_ready_conn(self) -> None:
+        if self._ready_conn is not None:
+            self._ready_conn.close()
+            self._ready_conn = None
 
     def _check_owner(self, what: str) -> None:
         if os.getpid() != self._owner_pid:
@@ -174,6 +264,7 @@ class SamplerServer:
                 proc.join()
             self._exitcode = proc.exitcode
             self.watch.close()
+            self._close_ready_conn()
             self._stopped = True
         _forget(self)
         logger.info("%s stopped (exit code %s)", self.name, self._exitcode)
@@ -187,6 +278,8 @@ class SamplerServer:
 
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "armed" if self.watchdog.armed else "unwatched"
+        if not self._stopped and self.ready_after is None:
+            state += ", loading"
         return f"<SamplerServer {self.name!r} pid={self.pid} {state}>"
 
 
@@ -207,6 +300,7 @@ def launch_sampler_server(
     *,
     local_rank: int | None = None,
     mode: WatchMode = "sidecar",
+    wait: bool = True,
     ready_timeout: float | None = None,
     arm: bool = True,
     on_clean_exit: CleanExit = "ignore",
@@ -219,10 +313,17 @@ def launch_sampler_server(
     ranks return ``None`` at once. ``task_index`` is the node's ``GROUP_RANK``. Call it from the
     main thread, before the clients (and before forking DataLoader workers).
 
-    Blocks until the server is ready to serve (``graph.init()`` returned in it), at most
-    ``ready_timeout`` seconds (default ``$HEALTHKIT_GL_READY_TIMEOUT``, else 600), then arms a
-    DisarmableWatchdog on it: on an abnormal exit the rank logs the diagnosis, writes the
-    torchelastic error file and exits so torchrun tears the job down in seconds.
+    ``wait=True`` (default) blocks until the server is ready to serve (``graph.init()``
+    returned in it), at most ``ready_timeout`` seconds (default
+    ``$HEALTHKIT_GL_READY_TIMEOUT``, else 600), then arms a DisarmableWatchdog on it: on an
+    abnormal exit the rank logs the diagnosis, writes the torchelastic error file and exits
+    so torchrun tears the job down in seconds.
+
+    ``wait=False`` returns at once with the watchdog already armed (tzrec's shape: the
+    clients in DataLoader workers wait for the server themselves). A death while loading
+    then fails the rank like any later death, and a server still not ready after
+    ``ready_timeout`` dies of SIGALRM (a kernel timer it armed itself), which the watchdog
+    reports. ``SamplerServer.ready`` / ``wait_ready()`` tell when it serves.
 
     ``mode="sidecar"`` (default) watches from a separate process: a client call against a
     dead server holds the GIL for minutes, so a watcher *thread* in this process cannot run
@@ -235,8 +336,10 @@ def launch_sampler_server(
     A second call in the same process returns the first server (and logs that it did).
 
     Raises:
-        SamplerServerStartupError: the server died while starting; carries the diagnosis.
-        SamplerServerTimeoutError: not ready within ``ready_timeout``; it has been stopped.
+        SamplerServerStartupError: the server died while starting; carries the diagnosis
+            (``wait=True`` only).
+        SamplerServerTimeoutError: not ready within ``ready_timeout``; it has been stopped
+            (``wait=True`` only).
         LaunchContextError: called off the main thread, or in a process forked from the one
             that launched the server.
         InvalidEnvValueError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT``) is invalid.
@@ -253,6 +356,8 @@ def launch_sampler_server(
         )
     if mode not in ("sidecar", "thread"):
         raise ValueError(f"mode must be 'sidecar' or 'thread', got {mode!r}")
+    if not isinstance(wait, bool):
+        raise TypeError(f"wait must be True or False, got {wait!r}")
     if on_clean_exit not in ("ignore", "warn", "fail"):
         raise ValueError(f"on_clean_exit must be 'ignore', 'warn' or 'fail', got {on_clean_exit!r}")
     if local_rank is None:
@@ -306,6 +411,7 @@ def launch_sampler_server(
             task_index,
             servers[task_index],
             mode=mode,
+            wait=wait,
             ready_timeout=float(ready_timeout),
             arm=arm,
             on_clean_exit=on_clean_exit,
@@ -364,8 +470,13 @@ def _serve(
     ready: Connection,
     unused_end: Connection,
     parent_pid: int,
+    ready_deadline: float | None = None,
 ) -> None:
-    """The server process: GL's ``_server_manager`` with a readiness message, no stats."""
+    """The server process: GL's ``_server_manager`` with a readiness message, no stats.
+
+    ``ready_deadline``: seconds after which a server whose ``graph.init()`` has not returned
+    dies of SIGALRM. A kernel timer, because ``init()`` holds the GIL: no Python code of this
+    process runs until it returns."""
     die_with_parent(parent_pid)  # first: from here on it cannot outlive its owner
     set_thread_name("gl-sampler-srv")
     unused_end.close()
@@ -376,7 +487,12 @@ def _serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # An explicit server list needs GL's RPC tracker mode; the default (file tracker) aborts.
     _gl_module(graph).set_tracker_mode(0)
+    if ready_deadline is not None:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # its default action: terminate
+        signal.setitimer(signal.ITIMER_REAL, ready_deadline)
     graph.init(cluster=cluster, job_name="server", task_index=task_index)
+    if ready_deadline is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     ready.send(os.getpid())
     ready.close()
     graph.server_get_stats()  # result dropped on purpose: see the module docstring
@@ -390,6 +506,7 @@ def _start(
     address: str,
     *,
     mode: WatchMode,
+    wait: bool,
     ready_timeout: float,
     arm: bool,
     on_clean_exit: CleanExit,
@@ -402,7 +519,7 @@ def _start(
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_serve,
-        args=(graph, cluster, task_index, send, recv, os.getpid()),
+        args=(graph, cluster, task_index, send, recv, os.getpid(), None if wait else ready_timeout),
         name=name,
         daemon=True,  # multiprocessing's exit hook ends it on a normal exit
     )
@@ -415,14 +532,16 @@ def _start(
     finally:
         send.close()  # the child holds the only write end: its death reads as EOF
     watch = ProcessWatch(proc, name=name)
-    try:
-        _wait_ready(recv, watch, diagnoser, ready_timeout)
-    except BaseException:
-        _kill(proc, watch)
-        raise
-    finally:
-        recv.close()
-    ready_after = time.monotonic() - started
+    ready_after: float | None = None
+    if wait:
+        try:
+            _wait_ready(recv, watch, diagnoser, ready_timeout)
+        except BaseException:
+            _kill(proc, watch)
+            raise
+        finally:
+            recv.close()
+        ready_after = time.monotonic() - started
     watchdog = DisarmableWatchdog(
         mode=mode,
         name="healthkit_graphlearn",
@@ -433,21 +552,41 @@ def _start(
     watchdog.watch(watch, on_clean_exit=on_clean_exit)
     until_disarmed = on_clean_exit != "ignore"
     server = SamplerServer(
-        proc, watch, watchdog, cluster, task_index, address, ready_after, until_disarmed
+        proc,
+        watch,
+        watchdog,
+        cluster,
+        task_index,
+        address,
+        ready_after,
+        until_disarmed,
+        ready_conn=None if wait else recv,
+        started_at=started,
+        ready_timeout=ready_timeout,
+        diagnoser=diagnoser,
     )
     if arm:
         try:
             watchdog.arm()
         except BaseException:
             _kill(proc, watch)
+            server._close_ready_conn()
             raise
-    logger.info(
-        "%s started as pid %d, ready after %.1f s, %s",
-        name,
-        proc.pid,
-        ready_after,
-        f"watched by the {mode} watchdog" if arm else "not watched (arm=False)",
-    )
+    watched = f"watched by the {mode} watchdog" if arm else "not watched (arm=False)"
+    if wait:
+        logger.info(
+            "%s started as pid %d, ready after %.1f s, %s", name, proc.pid, ready_after, watched
+        )
+    else:
+        logger.info(
+            "%s started as pid %d, loading in the background, %s; if graph.init() has not "
+            "returned after %g s it ends itself with SIGALRM (ready_timeout= or $%s)",
+            name,
+            proc.pid,
+            watched,
+            ready_timeout,
+            READY_TIMEOUT_ENV,
+        )
     return server
 
 

@@ -13,6 +13,12 @@ sampling scenarios, once the first sample came back), then plays its scenario:
   sample-loop  sample in a loop in this process (a GL call is in flight almost always)
   exit-after-death  kill the server and leave main at once, before the watcher can run
   startup-death / ready-timeout   launch a server that cannot become ready
+  background   ``wait=False``: print ``LAUNCHED`` at once, check ``wait_ready`` (a short
+               timeout raises, a long one returns), hold until ``--hold`` s after the launch,
+               sample in this process, print ``RESULT``
+  background-death   ``wait=False`` with a node file that does not exist (the server aborts
+               while loading); ``--arm 0``: print how ``wait_ready`` raised; else sleep
+  background-deadline   ``wait=False`` with ``--ready-timeout`` shorter than loading takes
 """
 
 from __future__ import annotations
@@ -82,12 +88,64 @@ def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) 
     return {"ids": ids, "client_pids": sorted(pids)}
 
 
+def _background(args: Any, gl: Any, graph: Any, cluster: dict[str, Any]) -> int:
+    started = time.monotonic()
+    server = hkgl.launch_sampler_server(
+        graph,
+        cluster,
+        0,
+        mode=args.mode,
+        wait=False,
+        ready_timeout=args.ready_timeout,
+        arm=bool(args.arm),
+    )
+    assert server is not None
+    launched = {"after_s": time.monotonic() - started, "ready": server.ready}
+    launched["ready_after"] = server.ready_after
+    print("LAUNCHED " + json.dumps(launched), flush=True)
+    _ready(server)
+    if args.scenario == "background-death" and not args.arm:
+        try:
+            server.wait_ready(60)
+        except hkgl.SamplerServerError as e:
+            d = getattr(e, "diagnosis", None)
+            print("RAISED " + json.dumps({
+                "type": type(e).__name__,
+                "message": str(e),
+                "signal": d.signal.name if d is not None and d.signal else None,
+            }), flush=True)  # fmt: skip
+            server.stop()
+            return 0
+        return 1
+    if args.scenario != "background":
+        time.sleep(600)  # the watchdog ends this process
+        return 1
+    result: dict[str, Any] = {}
+    try:
+        server.wait_ready(0.01)
+        result["short_wait"] = "returned"
+    except hkgl.SamplerServerTimeoutError as e:
+        result["short_wait"] = type(e).__name__ + ": " + str(e)
+    result["ready_after"] = server.wait_ready(60)
+    result["ready"] = server.ready
+    time.sleep(max(0.0, args.hold - (time.monotonic() - started)))
+    result["alive_after_hold"] = server.is_alive()
+    rows = _sample_main(gl, graph, cluster, 4)
+    result["ids"] = [i for row in rows for i in row]
+    result["repr"] = repr(server)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario")
     ap.add_argument("--mode", default="sidecar")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--shorten", type=int, default=0, help="shorten_client_retries(N) if N > 0")
+    ap.add_argument("--ready-timeout", type=float, default=None)
+    ap.add_argument("--hold", type=float, default=0.0)
+    ap.add_argument("--arm", type=int, default=1)
     args = ap.parse_args()
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -99,7 +157,7 @@ def main() -> int:
         return SKIP_RC
 
     node_file = gl_harness.write_node_file(Path.cwd() / "items.txt")
-    if args.scenario == "startup-death":
+    if args.scenario in ("startup-death", "background-death"):
         node_file = str(Path.cwd() / "missing-items.txt")  # GL aborts while loading it
     graph = gl_harness.build_graph(gl, node_file)
     clients = max(args.workers, 1)
@@ -125,6 +183,9 @@ def main() -> int:
             return 0
         print("NOT RAISED", flush=True)
         return 1
+
+    if args.scenario.startswith("background"):
+        return _background(args, gl, graph, cluster)
 
     server = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode)
     assert server is not None
