@@ -10,9 +10,9 @@ process group only while the group's leader (the rank) is alive. Measured here w
 after the kill; under a 1-rank torchrun one of them was, in each of 2 runs.
 
 The kernel has to do it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the worker, via
-:func:`healthkit.die_with_parent`, which also closes the race of a rank that died before the
-call. This works whatever the GIL is doing and whoever ends the rank (the sidecar's SIGTERM,
-``os._exit`` in thread mode, torchrun's SIGKILL, the OOM killer).
+:func:`healthkit.lowlevel.die_with_parent`, which also closes the race of a rank that died
+before the call. This works whatever the GIL is doing and whoever ends the rank (the sidecar's
+SIGTERM, ``os._exit`` in thread mode, torchrun's SIGKILL, the OOM killer).
 
 One kernel detail: the death signal follows the *thread* that forked the worker, which is
 the thread that created the DataLoader's iterator (``iter(loader)``; once, with
@@ -27,7 +27,8 @@ import os
 import signal
 import sys
 
-from healthkit import InvalidArgumentTypeError, die_with_parent
+from healthkit import InvalidArgumentTypeError
+from healthkit.lowlevel import die_with_parent
 
 __all__ = ["die_with_rank"]
 
