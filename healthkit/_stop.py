@@ -61,7 +61,8 @@ def stop(
 
     ``request()`` (optional) asks them to finish by themselves (e.g. puts a STOP command on
     their queues); then up to ``grace`` seconds for them to end; SIGTERM to the rest and up to
-    ``term_timeout`` seconds; SIGKILL to the rest and up to ``kill_timeout`` seconds. The whole
+    ``term_timeout`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
+    ``kill_timeout`` seconds. The whole
     call is bounded by ``grace + term_timeout + kill_timeout``. Processes whose owner objects
     are given (``Process``, ``Popen``) are reaped through them; bare pids are left to their
     parent. Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
@@ -97,20 +98,23 @@ def stop(
                 log.debug("stop(%s): the stop request failed; escalating", name, exc_info=True)
         alive = _wait_all(watches, started + grace_s)
         terminated = tuple(w.pid for w in alive)
-        if alive:
-            if request is not None:
-                log.warning(
-                    "%s %s did not end within %.3gs of the stop request; sending SIGTERM",
-                    name, list(terminated), grace_s,
-                )  # fmt: skip
+        next_step = "SIGTERM" if term_s > 0 else "SIGKILL"
+        if alive and request is not None:
+            log.warning(
+                "%s %s did not end within %.3gs of the stop request; sending %s",
+                name, list(terminated), grace_s, next_step,
+            )  # fmt: skip
+        if alive and term_s > 0:
             for w in alive:
                 w.send_signal(signal.SIGTERM)
             alive = _wait_all(alive, started + grace_s + term_s)
+            if alive:
+                log.warning(
+                    "%s %s ignored SIGTERM for %.3gs; sending SIGKILL",
+                    name, [w.pid for w in alive], term_s,
+                )  # fmt: skip
         killed = tuple(w.pid for w in alive)
         if alive:
-            log.warning(
-                "%s %s ignored SIGTERM for %.3gs; sending SIGKILL", name, list(killed), term_s
-            )
             for w in alive:
                 w.kill()
             alive = _wait_all(alive, started + grace_s + term_s + kill_s)

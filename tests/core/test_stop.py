@@ -97,3 +97,11 @@ def test_without_a_request_sigterm_comes_first_and_is_not_a_warning(
     assert sleeper.returncode == -signal.SIGTERM
     assert report.seconds < 10
     assert caplog.records == []
+
+
+@pytest.mark.timeout(30)
+def test_a_term_timeout_of_0_goes_straight_to_sigkill() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    report = stop([sleeper], term_timeout=0)
+    assert report.killed == (sleeper.pid,) and not report.terminated
+    assert sleeper.returncode == -signal.SIGKILL

@@ -52,6 +52,8 @@ from healthkit import (
     HealthkitError,
     ProcessDiedError,
     ProcessWatch,
+    WatchSet,
+    stop,
 )
 from healthkit.actions import Action
 from healthkit.lowlevel import die_with_parent, env_seconds, set_thread_name
@@ -216,8 +218,7 @@ class SamplerServer:
             return True
         if conn is None or self._stopped:
             return False
-        got = multiprocessing.connection.wait([conn, self.watch.fileno()], timeout)
-        if conn not in got:
+        if not _wait_message(conn, self.watch, timeout):
             return False
         try:
             conn.recv()
@@ -254,14 +255,15 @@ class SamplerServer:
                 return self._exitcode
             self.watchdog.disarm(reason="SamplerServer.stop()")
             proc = self.process
-            if grace > 0:
-                proc.join(grace)
-            if proc.exitcode is None:
-                proc.terminate()
-                proc.join(timeout)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
+            # Asked already when grace > 0: its clients closed, so it finishes by itself.
+            stop(
+                [proc],
+                request=(lambda: None) if grace > 0 else None,
+                grace=grace,
+                term_timeout=timeout,
+                kill_timeout=_STOP_TIMEOUT,
+                name=self.name,
+            )
             self._exitcode = proc.exitcode
             self.watch.close()
             self._close_ready_conn()
@@ -590,18 +592,36 @@ def _start(
     return server
 
 
+def _wait_message(conn: Connection, watch: ProcessWatch, timeout: float | None) -> bool:
+    """Wait until ``conn`` is readable (the readiness message, or EOF when the server died
+    before sending it), the server ends, or ``timeout`` passes; ``True`` if ``conn`` is
+    readable."""
+    readable: list[bool] = []
+    fd = conn.fileno()
+    with WatchSet([watch]) as ws:
+
+        def on_ready() -> None:
+            readable.append(True)
+            ws.remove_fd(fd)  # read by the caller, after the wait
+            ws.wake()
+
+        ws.add_fd(fd, on_ready)
+        ws.wait(timeout)
+    return bool(readable)
+
+
 def _wait_ready(
     recv: Connection, watch: ProcessWatch, diagnoser: ExitDiagnoser, timeout: float
 ) -> None:
     """Return once the server says it serves; raise as soon as it dies, or at the deadline."""
-    ready = multiprocessing.connection.wait([recv, watch.fileno()], timeout)
-    if recv in ready:
+    said = _wait_message(recv, watch, timeout)
+    if said:
         try:
             recv.recv()
             return
         except EOFError:
             pass  # it died before sending: every write end is closed
-    if ready:
+    if said or watch.poll() is not None:
         # The pipe's EOF can come a moment before the kernel reports the exit.
         if watch.wait(_STOP_TIMEOUT) is not None:
             diagnosis = diagnoser.diagnose(watch)
@@ -620,7 +640,5 @@ def _wait_ready(
 
 
 def _kill(proc: BaseProcess, watch: ProcessWatch) -> None:
-    if proc.exitcode is None:
-        watch.kill()
-    proc.join(_STOP_TIMEOUT)
+    stop([proc], term_timeout=0, kill_timeout=_STOP_TIMEOUT, name=watch.name)
     watch.close()
