@@ -32,10 +32,9 @@ from healthkit._errors import (
 )
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._stacks import dump_stack, dump_stacks, enable_stack_dumps
+from healthkit._version import __version__ as __version__
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog, Verdict, decide
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BarrierBrokenError",

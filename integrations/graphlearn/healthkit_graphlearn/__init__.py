@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from healthkit_graphlearn._version import __version__ as __version__
+
 if TYPE_CHECKING:
     from healthkit_graphlearn._client import ClientRetryBudget, shorten_client_retries
     from healthkit_graphlearn._cluster import (
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
         launch_sampler_server,
     )
 
-__version__ = "0.1.0"
 
 _EXPORTS = {
     "ClientRetryBudget": "_client",
