@@ -7,12 +7,13 @@
 #       file missing from an sdist breaks the build), `twine check --strict`, then
 #       scripts/check_dists.py (names, version, license, classifiers, dependencies).
 #   scripts/dists.sh test VERSION [--floor] [PYTEST ARGS...]
-#       a fresh venv on Python VERSION (3.10 ... 3.13) with the built core wheel installed
-#       (not editable) plus the torch-free test requirements; `--floor` installs the lowest
-#       versions the wheel declares (attrs>=X gets attrs==X). Then `healthkit --version`,
-#       `python -m healthkit doctor` and `explain`, and tests/core run from outside the source
-#       tree against the installed package (tests/core/test_installed_wheel.py proves which
-#       copy was imported).
+#       a fresh venv on Python VERSION (3.10 ... 3.13) with the built core and graph-learn
+#       integration wheels installed (not editable) plus the torch-free test requirements;
+#       `--floor` installs the lowest versions the core wheel declares (attrs>=X gets
+#       attrs==X). Then `healthkit --version`, `python -m healthkit doctor` and `explain`, an
+#       import check of healthkit_graphlearn, and tests/core run from outside the source tree
+#       against the installed package (tests/core/test_installed_wheel.py proves which copy
+#       was imported).
 #   scripts/dists.sh python VERSION
 #       print the interpreter used for VERSION; exit 3 when this machine has none.
 #
@@ -51,11 +52,8 @@ build() {
       cat "$log"; echo "building $p failed" >&2; return 1
     fi
   done
-  # build leaves setuptools' egg-info next to each pyproject; it would shadow nothing, but a
-  # source tree that looks installed confuses `pip list` in a developer's venv.
-  rm -rf ./*.egg-info integrations/*/*.egg-info
   ls -l "$OUT" | tail -n +2
-  "$TOOLS/bin/twine" check --strict "$OUT"/*
+  "$TOOLS/bin/twine" --no-color check --strict "$OUT"/*
   "$TOOLS/bin/python" scripts/check_dists.py "$OUT" "$VERSION"
 }
 
@@ -99,9 +97,12 @@ test_on() {  # test_on VERSION [--floor] [PYTEST ARGS...]
   else
     pins=(attrs==26.1.0)
   fi
-  # The venv's own pip, as a user of that Python has it.
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" "${pins[@]}" \
-    -r requirements/core-tests.txt
+  # The venv's own pip, as a user of that Python has it. The graph-learn integration's wheel
+  # comes along (its one dependency is the core; graph-learn itself is the user's to bring);
+  # the graphlearn-torch one would pull in torch and graphlearn-torch (cp311 wheels, GBs).
+  local gl_wheel=$OUT/pipeline_healthkit_graphlearn-$VERSION-py3-none-any.whl
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" "$gl_wheel" \
+    "${pins[@]}" -r requirements/core-tests.txt
   "$venv/bin/python" -m pip check
   # From a directory outside the source tree: `python -m` puts the working directory first on
   # sys.path, so in the repository root it would import ./healthkit instead of the wheel.
@@ -111,6 +112,20 @@ test_on() {  # test_on VERSION [--floor] [PYTEST ARGS...]
   [[ $got == "healthkit $VERSION" ]] || { echo "expected 'healthkit $VERSION'" >&2; return 1; }
   "$venv/bin/python" -m healthkit doctor
   "$venv/bin/python" -m healthkit explain 137 --name sampler-server
+  # The integration imports without graph-learn, torch or numpy, and says what to install.
+  "$venv/bin/python" - "$VERSION" <<'EOF'
+import sys
+import healthkit_graphlearn as hg
+assert hg.__version__ == sys.argv[1], hg.__version__
+assert "site-packages" in hg.__file__, hg.__file__
+hg.DistEnv, hg.get_cluster_spec  # the lazily loaded names resolve
+heavy = [m for m in ("graphlearn", "torch", "numpy") if m in sys.modules]
+assert not heavy, heavy
+try:
+    hg.import_graphlearn()
+except hg.GraphLearnImportError as e:
+    print(f"healthkit_graphlearn {hg.__version__}: without graph-learn: {str(e)[:60]}...")
+EOF
   HEALTHKIT_TEST_INSTALLED_WHEEL=$VERSION "$venv/bin/python" -m pytest -c "$ROOT/pyproject.toml" \
     --rootdir "$ROOT" -p no:cacheprovider "$ROOT/tests/core" "$@"
 }
