@@ -30,10 +30,9 @@ from healthkit._errors import (
 )
 from healthkit._sidecar import SidecarError
 from healthkit._stop import StopReport, stop
+from healthkit._version import __version__ as __version__
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BarrierBrokenError",

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from healthkit._errors import HealthkitError, check_bound, check_pid
+from healthkit._version import __version__
 
 
 def _positive_seconds(text: str) -> float:
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Notice a dead helper process in milliseconds, fail the job in seconds, "
         "say why.",
     )
+    parser.add_argument("--version", action="version", version=f"healthkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a real job whose helper dies, without and with "
                           "healthkit")

@@ -102,8 +102,8 @@ def checks(
         ("torch", "torch"),
         ("graphlearn-torch", "graphlearn-torch (GLT)"),
         ("graphscope-client", "graph-learn (inside graphscope-client)"),
-        ("healthkit-glt", "healthkit-glt"),
-        ("healthkit-graphlearn", "healthkit-graphlearn"),
+        ("pipeline-healthkit-glt", "pipeline-healthkit-glt"),
+        ("pipeline-healthkit-graphlearn", "pipeline-healthkit-graphlearn"),
     ):
         try:
             version = importlib.metadata.version(dist)

@@ -2,6 +2,7 @@
 # Create (or refresh) the project's virtual environments from the pinned requirements.
 #   .venv      core + torch tiers (torch CPU build)
 #   .venv-glt  graphlearn-torch + graph-learn tiers (torch 2.3.0, compiled extensions)
+#   .venv-release  build + twine for scripts/dists.sh (built on demand: `envs.sh release`)
 # A venv is rebuilt only when its requirement files change (hash stamp), so a warm
 # machine pays nothing. pip's cache is kept on purpose: torch-scatter/torch-sparse
 # compile for ~20 min the first time on 2 cores and never again.
@@ -48,9 +49,19 @@ glt_env() {
   fi
 }
 
+release_env() {  # the tools that build and check the distributions (scripts/dists.sh)
+  local stamp; stamp=$(stamp_of requirements/release.txt)
+  if make_venv .venv-release "$stamp"; then
+    echo "[envs] building .venv-release (build, twine)"
+    .venv-release/bin/pip install -q -r requirements/release.txt
+    echo "$stamp" > .venv-release/.stamp
+  fi
+}
+
 case "${1:-all}" in
   core) core_env ;;
   glt) glt_env ;;
+  release) release_env ;;
   all) core_env; glt_env ;;
-  *) echo "usage: $0 [core|glt|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [core|glt|release|all]" >&2; exit 2 ;;
 esac

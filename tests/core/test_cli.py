@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import healthkit
 from healthkit._cli import main
 from healthkit._doctor import checks, report
 from healthkit._evidence import find_memory_cgroup
@@ -84,6 +86,15 @@ def test_demo_rejects_a_bad_hang_timeout() -> None:
     assert "--hang-timeout must be > 0 seconds, got -3.0" in proc.stderr
 
 
+# --------------------------------------------------------------------------- version
+def test_version_is_the_single_source_and_the_installed_metadata() -> None:
+    proc = run_cli("--version", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"healthkit {healthkit.__version__}\n"
+    # Editable or wheel, the installed metadata was built from the same _version.py.
+    assert importlib.metadata.version("pipeline-healthkit") == healthkit.__version__
+
+
 # --------------------------------------------------------------------------- doctor
 def test_doctor_on_this_machine() -> None:
     proc = run_cli("doctor", timeout=60)
@@ -96,7 +107,12 @@ def test_doctor_on_this_machine() -> None:
             re.search(rf"memory cgroup\s+v{cg.version} at {re.escape(cg.path)}", ln) for ln in lines
         )
     assert any(re.search(r"\] /dev/shm\s+.* free of ", ln) for ln in lines)
-    assert any(re.search(r"\[ info  \] torch\s+\d", ln) for ln in lines)
+    # The core needs no torch: doctor reports its version, or that it is absent.
+    try:
+        torch_line = re.escape(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        torch_line = "not installed"
+    assert any(re.search(rf"\[ info  \] torch\s+{torch_line}$", ln) for ln in lines)
 
 
 def test_doctor_on_fixture_trees(fixture_tree: Path, tmp_path: Path) -> None:

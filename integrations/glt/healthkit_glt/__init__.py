@@ -16,6 +16,7 @@ from healthkit_glt._config import (
 from healthkit_glt._loader import DistNeighborLoader
 from healthkit_glt._producer import DistSamplingProducer, SamplingWorkerDiedError
 from healthkit_glt._receive import RingLayoutError
+from healthkit_glt._version import __version__ as __version__
 from healthkit_glt._worker import (
     SamplerFactory,
     SamplingWorkerContext,
@@ -30,8 +31,6 @@ from healthkit_glt._worker import (
     start_sampler,
     teardown_sampling_worker,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",

@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from healthkit_graphlearn._version import __version__ as __version__
+
 if TYPE_CHECKING:
     from healthkit_graphlearn._client import ClientRetryBudget, shorten_client_retries
     from healthkit_graphlearn._cluster import (
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
     )
     from healthkit_graphlearn._worker import die_with_rank
 
-__version__ = "0.1.0"
 
 _EXPORTS = {
     "ClientRetryBudget": "_client",
