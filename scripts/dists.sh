@@ -126,6 +126,8 @@ try:
 except hg.GraphLearnImportError as e:
     print(f"healthkit_graphlearn {hg.__version__}: without graph-learn: {str(e)[:60]}...")
 EOF
+  # One run per cell of the stop/exit-code matrices on each version (the main tier runs 3).
+  HEALTHKIT_MATRIX_RUNS=${HEALTHKIT_MATRIX_RUNS:-1} \
   HEALTHKIT_TEST_INSTALLED_WHEEL=$VERSION "$venv/bin/python" -m pytest -c "$ROOT/pyproject.toml" \
     --rootdir "$ROOT" -p no:cacheprovider "$ROOT/tests/core" "$@"
 }
