@@ -14,6 +14,7 @@ sampler factories below are module-level so that spawned workers can unpickle th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -340,6 +341,142 @@ def scenario_channel_writers(mode: str = "serialized", capacity: int = 2,
             writer_exit_codes=[w.exitcode for w in writers])  # fmt: skip
 
 
+def scenario_hk_trainer(phase: str = "epoch") -> None:
+    """The trainer that the test SIGKILLs: it prints its workers and its channel segment,
+    then waits. ``phase``:
+
+    - ``epoch``: after the first batch of an epoch (workers past the barrier, parked in
+      ``send()`` or waiting for a command);
+    - ``init``: the workers are in their worker loop's bring-up (they entered it; the
+      trainer waits at the init barrier);
+    - ``startup``: 0.3 s after the workers were spawned, before any worker code ran
+      (interpreter start-up, the trainer's imports, unpickling the producer's context).
+    """
+    import tempfile
+
+    from healthkit_glt._receive import channel_shmid
+
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    if phase in ("init", "startup"):
+        markers = tempfile.mkdtemp(prefix="hk-trainer-")
+
+        def report() -> None:
+            deadline = time.monotonic() + 60
+            while len(h.spawned_worker_pids()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if phase == "startup":
+                time.sleep(0.3)
+            else:
+                while len(os.listdir(markers)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            _result(phase=phase, worker_pids=sorted(h.spawned_worker_pids()), shmid=None)
+
+        threading.Thread(target=report, daemon=True).start()
+        _hk_loader(dataset, rpc_init_timeout=60, worker_loop=slow_init_loop,
+                   worker_extra={"markers": markers})  # fmt: skip
+        _say("UNEXPECTED: loader built")
+        return
+    loader = _hk_loader(dataset)
+    it = iter(loader)
+    batch = next(it)
+    _result(phase=phase, worker_pids=[w.pid for w in loader.producer.workers],
+            shmid=channel_shmid(loader.producer.output_channel))  # fmt: skip
+    time.sleep(3600)
+    del batch
+
+
+def slow_init_loop(ctx: Any) -> None:
+    """Default loop after a 30 s pause: the workers stay in bring-up while the test acts."""
+    import healthkit_glt as hg
+
+    open(os.path.join(ctx.extra["markers"], str(ctx.rank)), "w").close()
+    time.sleep(30)
+    hg.default_worker_loop(ctx)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return h._stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def _dev_shm_names(pids: Sequence[int]) -> list[str]:
+    """POSIX shared memory (``/dev/shm``) whose name carries one of ``pids`` (torch's
+    ``torch_<pid>_...``, multiprocessing's are unlinked at creation)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    return sorted(n for n in names if any(f"_{p}_" in n or n.endswith(f"_{p}") for p in pids))
+
+
+def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) -> dict[str, Any]:
+    """Run ``hk-trainer PHASE`` in its own session, SIGKILL it once it reported its workers,
+    then watch them: when each is gone (or that it outlived ``watch_s``), and which SysV
+    segment of the trainer or POSIX shm of the group is left. Everything of the session is
+    SIGKILLed and removed afterwards, so a failing run leaves nothing behind either."""
+    import select
+    import subprocess
+
+    with h.sigusr1_stack_dumps() as (env, _):
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "hk-trainer", phase],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        out: list[str] = []
+        info: dict[str, Any] | None = None
+        deadline = time.monotonic() + timeout
+        try:
+            while info is None and time.monotonic() < deadline:
+                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                if not ready:
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                out.append(line)
+                if line.startswith("RESULT "):
+                    info = json.loads(line[7:])
+            if info is None:
+                return {"error": "the trainer never reported its workers", "output": "".join(out)}
+            pids: list[int] = info["worker_pids"]
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            proc.wait()
+            gone_after: dict[int, float | None] = {p: None for p in pids}
+            while time.monotonic() - killed < watch_s and None in gone_after.values():
+                for p in pids:
+                    if gone_after[p] is None and not _alive(p):
+                        gone_after[p] = time.monotonic() - killed
+                time.sleep(0.005)
+            survivors = [p for p in pids if _alive(p)]
+            settle = time.monotonic() + 2.0  # the kernel frees a segment at the last detach
+            while time.monotonic() < settle and h._sysv_shm_created_by([proc.pid]):
+                time.sleep(0.02)
+            return {"worker_pids": pids, "gone_after_s": list(gone_after.values()),
+                    "survivors": survivors, "shmid": info["shmid"],
+                    "segments_left": h._sysv_shm_created_by([proc.pid, *pids]),
+                    "dev_shm_left": _dev_shm_names([proc.pid, *pids]),
+                    "output": "".join(out)}  # fmt: skip
+        finally:
+            members = h.pids_in_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                for p in members:
+                    os.kill(p, signal.SIGKILL)  # reparented workers, by pid
+            proc.wait()
+            end = time.monotonic() + 10
+            while any(_alive(p) for p in members) and time.monotonic() < end:
+                time.sleep(0.02)
+            h.remove_orphan_sysv_shm([proc.pid, *members])
+            proc.stdout.close()
+
+
 SCENARIOS = {
     "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
     "hk-init-raise": lambda a: scenario_hk_init_raise(),
@@ -351,6 +488,7 @@ SCENARIOS = {
         *(int(x) for x in a)
     ),
     "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
+    "hk-trainer": lambda a: scenario_hk_trainer(*a),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

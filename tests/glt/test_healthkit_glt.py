@@ -751,3 +751,35 @@ def test_next_block_claimed_by_a_dead_worker_fails_the_loader_and_frees_the_segm
         assert int(r["shm_perms"], 8) & 0o1000  # SHM_DEST: gone when the process exits
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
+
+
+# --- the trainer itself SIGKILLed (OOM-killed) ---------------------------------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.parametrize("phase", ["epoch", "init"], ids=["mid-epoch", "during-init"])
+def test_sampling_workers_die_within_2s_of_a_sigkilled_trainer_and_leave_no_segment(
+    phase: str,
+) -> None:
+    """Mid-epoch the workers are past the barrier, parked in ``send()`` or waiting for a
+    command; during init they are in bring-up and the trainer waits at the barrier. Either
+    way nothing but the kernel's parent-death signal tells them that the trainer is gone.
+    Without it (before this was fixed) both workers were alive 5 s later, in every phase,
+    and the channel's segment stayed in the kernel."""
+    r = sc.sigkill_trainer(phase)
+    assert "error" not in r, r
+    assert r["survivors"] == [], f"workers outlived the trainer: {r}"
+    assert all(t is not None and t < 2.0 for t in r["gone_after_s"]), r
+    assert r["segments_left"] == [] and r["dev_shm_left"] == [], r
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_workers_whose_trainer_died_before_they_started_end_themselves_when_they_start() -> None:
+    """SIGKILLed 0.3 s after the spawn, before any worker code runs: the parent-death
+    signal cannot be set yet (docs/glt.md, "Limits"); the worker notices that its parent is
+    gone as its first step and ends itself, once its start-up is done."""
+    r = sc.sigkill_trainer("startup", watch_s=30.0)
+    assert "error" not in r, r
+    assert r["survivors"] == [], f"workers outlived the trainer: {r}"
+    assert all(t is not None and t < 30.0 for t in r["gone_after_s"]), r
+    assert r["segments_left"] == [] and r["dev_shm_left"] == [], r
