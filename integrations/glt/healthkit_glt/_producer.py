@@ -421,10 +421,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         raise self._fail(ended)
 
     def _fail_on_report(self, report: ErrorReported) -> SamplingError:
-        last = report.text.strip().splitlines()[-1] if report.text.strip() else "?"
         err = SamplingError(
             f"sampling worker {report.rank} raised while sampling for batch "
-            f"{self._batches_received + 1}: {last}\n"
+            f"{self._batches_received + 1}: {report.summary or 'see its traceback below'}\n"
             "The worker is alive but its batches will never come; this producer has been "
             "shut down. What to do: fix the error below (seed indexes, features, the peer "
             "named in an RPC error), then build a new loader.\n"

@@ -109,9 +109,9 @@ class ErrorReported(Exception):
     """A worker reported a sampling error (raised by ``receive()``; the producer turns it
     into :class:`healthkit_glt.SamplingError`)."""
 
-    def __init__(self, rank: int, text: str, raised_at: float) -> None:
-        super().__init__(rank, text, raised_at)
-        self.rank, self.text, self.raised_at = rank, text, raised_at
+    def __init__(self, rank: int, text: str, summary: str, raised_at: float) -> None:
+        super().__init__(rank, text, summary, raised_at)
+        self.rank, self.text, self.summary, self.raised_at = rank, text, summary, raised_at
 
 
 class Receiver(Protocol):
@@ -173,10 +173,10 @@ class _WorkerExits:
         """Raise the first pending report as :class:`ErrorReported` (if one is there)."""
         if self._reports is not None and self._reports.poll():
             try:
-                rank, text, raised_at = self._reports.recv()
+                rank, text, summary, raised_at = self._reports.recv()
             except (EOFError, OSError):
                 return
-            raise ErrorReported(rank, text, raised_at)
+            raise ErrorReported(rank, text, summary, raised_at)
 
     def close(self) -> None:
         for w in self.watches:

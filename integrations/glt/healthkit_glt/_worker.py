@@ -181,8 +181,15 @@ class ErrorReports:
     flag: Any
 
 
-def report_sampling_error(ctx: SamplingWorkerContext, text: str) -> bool:
-    """Send ``text`` (a traceback) to the consumer as this worker's sampling error.
+def _summary(e: BaseException) -> str:
+    """The exception's first line (``IndexError: index 702 is out of bounds ...``)."""
+    lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def report_sampling_error(ctx: SamplingWorkerContext, text: str, summary: str = "") -> bool:
+    """Send ``text`` (a traceback) to the consumer as this worker's sampling error;
+    ``summary`` (one line, e.g. the exception's type and message) heads the consumer's error.
 
     Only the first error of a worker is sent; later ones are logged. The worker stops
     issuing samples (``ctx.failed`` is set) and waits for the producer's teardown. Returns
@@ -196,7 +203,7 @@ def report_sampling_error(ctx: SamplingWorkerContext, text: str) -> bool:
         return False
     try:
         with reports.lock:
-            reports.conn.send((ctx.rank, text, time.time()))
+            reports.conn.send((ctx.rank, text, summary, time.time()))
         reports.flag[0] = 1
     except (OSError, ValueError):
         return False  # the producer is gone or closing: nobody to tell
@@ -219,8 +226,8 @@ def _guard_sampler(ctx: SamplingWorkerContext, sampler: Any) -> None:
     async def reporting(coro: Coroutine[Any, Any, Any]) -> Any:
         try:
             return await coro
-        except Exception:
-            report_sampling_error(ctx, traceback.format_exc())
+        except Exception as e:
+            report_sampling_error(ctx, traceback.format_exc(), _summary(e))
             raise
 
     def guarded_add_task(coro: Any, callback: Any = None) -> Any:
@@ -230,8 +237,8 @@ def _guard_sampler(ctx: SamplingWorkerContext, sampler: Any) -> None:
         def reporting_callback(result: Any) -> Any:
             try:
                 return callback(result)
-            except Exception:
-                report_sampling_error(ctx, traceback.format_exc())
+            except Exception as e:
+                report_sampling_error(ctx, traceback.format_exc(), _summary(e))
                 raise
 
         return add_task(reporting(coro), reporting_callback)
@@ -398,8 +405,8 @@ def run_task_loop(ctx: SamplingWorkerContext, sampler: Any) -> None:
                     break
                 sample(ctx.sampler_input[index])
             sampler.wait_all()
-        except Exception:
-            report_sampling_error(ctx, traceback.format_exc())
+        except Exception as e:
+            report_sampling_error(ctx, traceback.format_exc(), _summary(e))
         if ctx.failed.is_set():
             continue
         with ctx.sampling_completed_worker_count.get_lock():
