@@ -345,7 +345,9 @@ def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_wo
         interrupter.start()
         t = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            receiver.receive()  # nothing is ever written: only the SIGINT ends this
+            got = receiver.receive()  # nothing is ever written: only the SIGINT ends this
+            pytest.fail(f"receive() returned {got!r} after {time.monotonic() - t:.2f}s; "
+                        f"sleeper exit code {sleeper.exitcode}")  # fmt: skip
         assert time.monotonic() - t < 10.0
         writer = _spawn_writer(channel, 1)
         msg, ended = receiver.receive()
