@@ -66,8 +66,11 @@ glt28_wheels() {  # glt28_wheels OUTDIR: build GLT, torch-scatter, torch-sparse 
   local whl; whl=$(ls "$tree"/dist/graphlearn_torch-*.whl)
   # Same local label as the prebuilt wheel, so both routes install the same name.
   cp "$whl" "$out/$(basename "$whl" | sed "s/^graphlearn_torch-\([0-9.]*\)-/graphlearn_torch-\1+$GLT28_LOCAL-/")"
-  echo "[envs] compiling torch-scatter and torch-sparse against torch 2.8 (~35 min the first time)"
-  FORCE_ONLY_CPU=1 $pip wheel -q --no-deps --no-build-isolation -w "$out" \
+  echo "[envs] compiling torch-scatter and torch-sparse against torch 2.8 (~35 min)"
+  # --no-cache-dir: pip's wheel cache is keyed by the source, not by the torch it was built
+  # against, so a cached torch-2.3 build would be reused here (and ours there). The wheels
+  # stay in OUTDIR instead, so a rebuild of the venv does not compile them again.
+  FORCE_ONLY_CPU=1 $pip wheel -q --no-cache-dir --no-deps --no-build-isolation -w "$out" \
     torch-scatter==2.1.2 torch-sparse==0.6.18
   rm -rf "$work"
 }
@@ -85,8 +88,12 @@ glt28_env() {
     local pip=.venv-glt28/bin/pip dir=$GLT28_WHEELS
     $pip install -q setuptools==70.3.0 -r requirements/glt28.txt
     if [[ $from == source ]]; then
-      dir=$ROOT/.venv-glt28/wheels; mkdir -p "$dir"
-      glt28_wheels "$dir"
+      dir=$ROOT/.wheels-glt28  # kept across venv rebuilds (git-ignored)
+      if ! ls "$dir"/graphlearn_torch-*+"$GLT28_LOCAL"-*.whl "$dir"/torch_sparse-*.whl \
+           >/dev/null 2>&1; then
+        mkdir -p "$dir"
+        glt28_wheels "$dir"
+      fi
     fi
     # By file path: `graphlearn-torch==0.2.4` could resolve to PyPI's torch-2.3 build.
     $pip install -q --no-deps "$dir"/graphlearn_torch-*+"$GLT28_LOCAL"-*.whl \
