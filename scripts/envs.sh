@@ -3,6 +3,10 @@
 #   .venv      core + torch tiers (torch CPU build)
 #   .venv-glt  graphlearn-torch + graph-learn tiers (torch 2.3.0, compiled extensions)
 #   .venv-release  build + twine for scripts/dists.sh (built on demand: `envs.sh release`)
+#   .venv-glt28  graphlearn-torch built from source (upstream 26fe3d4, as GiGL runs it) on
+#              torch 2.8.0: the glt tier. Needs ../shared/wheels/torch-2.8 (prebuilt wheels)
+#              or ../shared/src (the GLT snapshot, built here: ~40 min on 2 cores); with
+#              neither, it is skipped with a message and scripts/test skips its tier.
 # A venv is rebuilt only when its requirement files change (hash stamp), so a warm
 # machine pays nothing. pip's cache is kept on purpose: torch-scatter/torch-sparse
 # compile for ~20 min the first time on 2 cores and never again.
@@ -58,10 +62,62 @@ release_env() {  # the tools that build and check the distributions (scripts/dis
   fi
 }
 
+GLT28_WHEELS=$ROOT/../shared/wheels/torch-2.8
+GLT28_SRC=$ROOT/../shared/src/graphlearn-for-pytorch-26fe3d4.tar.gz
+GLT28_LOCAL=git26fe3d4  # upstream never bumped 0.2.4; this local label tells the build apart
+
+glt28_wheels() {  # glt28_wheels OUTDIR: build GLT, torch-scatter, torch-sparse for the venv's torch
+  local out=$1 pip=.venv-glt28/bin/pip work
+  work=$(mktemp -d)
+  echo "[envs] building graphlearn-torch from $GLT28_SRC (WITH_CUDA=OFF; needs cmake)"
+  tar -xzf "$GLT28_SRC" -C "$work"
+  local tree; tree=$(find "$work" -maxdepth 2 -name setup.py -printf '%h\n' | head -n1)
+  (cd "$tree" && WITH_CUDA=OFF "$ROOT/.venv-glt28/bin/python" setup.py -q bdist_wheel >/dev/null)
+  local whl; whl=$(ls "$tree"/dist/graphlearn_torch-*.whl)
+  # Same local label as the prebuilt wheel, so both routes install the same name.
+  cp "$whl" "$out/$(basename "$whl" | sed "s/^graphlearn_torch-\([0-9.]*\)-/graphlearn_torch-\1+$GLT28_LOCAL-/")"
+  echo "[envs] compiling torch-scatter and torch-sparse against torch 2.8 (~35 min)"
+  # --no-cache-dir: pip's wheel cache is keyed by the source, not by the torch it was built
+  # against, so a cached torch-2.3 build would be reused here (and ours there). The wheels
+  # stay in OUTDIR instead, so a rebuild of the venv does not compile them again.
+  FORCE_ONLY_CPU=1 $pip wheel -q --no-cache-dir --no-deps --no-build-isolation -w "$out" \
+    torch-scatter==2.1.2 torch-sparse==0.6.18
+  rm -rf "$work"
+}
+
+glt28_env() {
+  if [[ ! -d $GLT28_WHEELS && ! -f $GLT28_SRC ]]; then
+    echo "[envs] skipping .venv-glt28: neither $GLT28_WHEELS (prebuilt wheels) nor $GLT28_SRC" \
+         "(the GLT source snapshot) exists; the GLT-from-source/torch 2.8 tier will not run" >&2
+    return 0
+  fi
+  local from=wheels; [[ -d $GLT28_WHEELS ]] || from=source
+  local stamp; stamp=$(stamp_of requirements/glt28.txt <(echo "$from"))
+  if make_venv .venv-glt28 "$stamp"; then
+    echo "[envs] building .venv-glt28 (graphlearn-torch from source on torch 2.8; from $from)"
+    local pip=.venv-glt28/bin/pip dir=$GLT28_WHEELS
+    $pip install -q setuptools==70.3.0 -r requirements/glt28.txt
+    if [[ $from == source ]]; then
+      dir=$ROOT/.wheels-glt28  # kept across venv rebuilds (git-ignored)
+      if ! ls "$dir"/graphlearn_torch-*+"$GLT28_LOCAL"-*.whl "$dir"/torch_sparse-*.whl \
+           >/dev/null 2>&1; then
+        mkdir -p "$dir"
+        glt28_wheels "$dir"
+      fi
+    fi
+    # By file path: `graphlearn-torch==0.2.4` could resolve to PyPI's torch-2.3 build.
+    $pip install -q --no-deps "$dir"/graphlearn_torch-*+"$GLT28_LOCAL"-*.whl \
+      "$dir"/torch_scatter-2.1.2-*.whl "$dir"/torch_sparse-0.6.18-*.whl
+    $pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn
+    echo "$stamp" > .venv-glt28/.stamp
+  fi
+}
+
 case "${1:-all}" in
   core) core_env ;;
   glt) glt_env ;;
   release) release_env ;;
-  all) core_env; glt_env ;;
-  *) echo "usage: $0 [core|glt|release|all]" >&2; exit 2 ;;
+  glt28) glt28_env ;;
+  all) core_env; glt_env; glt28_env ;;
+  *) echo "usage: $0 [core|glt|glt28|release|all]" >&2; exit 2 ;;
 esac

@@ -14,9 +14,11 @@ sampler factories below are module-level so that spawned workers can unpickle th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -40,7 +42,8 @@ def hang_in_sampler_factory(**kwargs: Any) -> Any:
 
 
 def failing_sampler_factory(**kwargs: Any) -> Any:
-    raise ValueError("bad fan-out [5, 5] for this partition (injected by the test)")
+    raise ValueError(f"bad fan-out [5, 5] for this partition (injected by the test at "
+                     f"t={time.time():.6f})")  # fmt: skip
 
 
 def rank1_raises_loop(ctx: Any) -> None:
@@ -59,6 +62,27 @@ def rank1_hangs_loop(ctx: Any) -> None:
     if ctx.rank == 1:
         ctx.sampler_factory = hang_in_sampler_factory
     hg.default_worker_loop(ctx)
+
+
+def rank0_late_loop(ctx: Any) -> None:
+    """Worker 0 reaches the barrier 20 s late; worker 1 writes a marker just before it
+    waits there (the test then SIGKILLs worker 1 after it arrived)."""
+    import healthkit_glt as hg
+
+    sampler = None
+    try:
+        hg.init_sampling_worker(ctx)
+        sampler = hg.start_sampler(ctx)
+        if ctx.rank == 0:
+            time.sleep(20)
+        else:
+            open(os.path.join(ctx.extra["markers"], "1"), "w").close()
+        hg.pass_init_barrier(ctx)
+        hg.run_task_loop(ctx, sampler)
+    except hg.BarrierBrokenError:
+        pass
+    finally:
+        hg.teardown_sampling_worker(sampler)
 
 
 def rpc_timeout_reporting_loop(ctx: Any) -> None:
@@ -140,9 +164,67 @@ def scenario_hk_init_sigkill(after: float = 0.5) -> None:
         _result(outcome="raised", after_kill_s=now - stamp[0] if stamp else None,
                 elapsed_s=now - t0, exit_codes=e.exit_codes,
                 causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
+                segments_left=h._sysv_shm_created_by([os.getpid()]),
                 children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
     _result(outcome="built")
+
+
+def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
+    """healthkit_glt: SIGKILL worker 1 ``after`` s after it arrived at the init barrier
+    (worker 0 is 20 s late); the loader must raise within milliseconds."""
+    import tempfile
+
+    import healthkit as hk
+
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    markers = tempfile.mkdtemp(prefix="hk-arrived-")
+    stamp: list[float] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 90
+        while not os.listdir(markers) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(after)
+        pids = sorted(h.spawned_worker_pids())
+        os.kill(pids[1], signal.SIGKILL)
+        stamp.append(time.monotonic())
+        _say(f"SIGKILLed sampling worker 1 (pid {pids[1]}) at the init barrier")
+
+    threading.Thread(target=killer, name="scenario-killer", daemon=True).start()
+    try:
+        _hk_loader(dataset, rpc_init_timeout=60, worker_loop=rank0_late_loop,
+                   worker_extra={"markers": markers})  # fmt: skip
+    except hk.BarrierBrokenError as e:
+        now = time.monotonic()
+        _result(outcome="raised", after_kill_s=now - stamp[0] if stamp else None,
+                exit_codes=e.exit_codes, arrived_dead=[p.rank for p in e.dead if p.arrived],
+                segments_left=h._sysv_shm_created_by([os.getpid()]),
+                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+        return
+    _result(outcome="built")
+
+
+def scenario_hk_shutdown_mid_epoch(stop_timeout: float = 0.5) -> None:
+    """healthkit_glt: ``shutdown()`` while both workers are parked in ``send()`` with the
+    ring full (the consumer stopped reading mid-epoch): STOP cannot be read, so the
+    teardown escalates; every step must be logged at WARNING and the segment released with
+    the loader still referenced."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    h.init_single_process_context()
+    loader = _hk_loader(h.build_dataset(), stop_timeout=stop_timeout, kill_timeout=5.0)
+    workers = loader.producer.workers
+    it = iter(loader)
+    held = h.clone_batch(next(it))  # a clone: no view into the ring outlives the shutdown
+    time.sleep(1.0)  # the ring fills with unread batches; both workers park in send()
+    t = time.monotonic()
+    loader.shutdown()
+    took = time.monotonic() - t
+    _result(outcome="shut down", shutdown_s=took, worker_exit_codes=[w.exitcode for w in workers],
+            segments_left=h._sysv_shm_created_by([os.getpid()]),
+            children_left=h.spawned_worker_pids())  # fmt: skip
+    del held
 
 
 def _init_failure(loop_name: str, **kwargs: Any) -> None:
@@ -154,9 +236,14 @@ def _init_failure(loop_name: str, **kwargs: Any) -> None:
     try:
         _hk_loader(dataset, worker_loop=globals()[loop_name], **kwargs)
     except hk.BarrierBrokenError as e:
+        now = time.time()
+        raised = [float(x) for x in re.findall(r"injected by the test at t=([0-9.]+)", str(e))]
         _result(outcome="raised", elapsed_s=time.monotonic() - t0, exit_codes=e.exit_codes,
                 causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
                 not_arrived=[p.rank for p in e.not_arrived],
+                after_raise_s=now - raised[0] if raised else None,
+                # the failed producer is still referenced (by this traceback's frames)
+                segments_left=h._sysv_shm_created_by([os.getpid()]),
                 children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
     _result(outcome="built")
@@ -231,6 +318,25 @@ def scenario_hk_epoch_sigkill(
     _result(outcome="finished", batches=n)
 
 
+def _ring_has_claimed_block(shmid: int | None) -> bool | None:
+    """Whether the ring's write block id is ahead of its read block id (read from the
+    segment itself: the producer's teardown has released the channel object by now)."""
+    import ctypes
+
+    from healthkit_glt import _compat as c
+
+    if shmid is None:
+        return None
+    addr = c.libc.shmat(shmid, None, c.SHM_RDONLY)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        return None
+    try:
+        head = (ctypes.c_size_t * 8).from_address(addr)
+        return bool(head[c.WRITE_BLOCK_ID] > head[c.READ_BLOCK_ID])
+    finally:
+        c.libc.shmdt(addr)
+
+
 def _shm_perms(shmid: int) -> str | None:
     return next((r["perms"] for r in h.sysv_shm_rows() if int(r["shmid"]) == shmid), None)
 
@@ -277,7 +383,7 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto"
                 signal=e.diagnosis.signal.name if e.diagnosis.signal else None,
                 receiver_thread_stuck=stuck, shmid=shmid, shm_perms=_shm_perms(shmid),
                 # A claimed block that no receive has taken: the ring reader's case.
-                claimed_block_left=not producer.output_channel.empty(),
+                claimed_block_left=_ring_has_claimed_block(shmid),
                 children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
     else:
         _result(outcome="returned")
@@ -340,9 +446,249 @@ def scenario_channel_writers(mode: str = "serialized", capacity: int = 2,
             writer_exit_codes=[w.exitcode for w in writers])  # fmt: skip
 
 
+def scenario_hk_trainer(phase: str = "epoch") -> None:
+    """The trainer that the test SIGKILLs: it prints its workers and its channel segment,
+    then waits. ``phase``:
+
+    - ``epoch``: after the first batch of an epoch (workers past the barrier, parked in
+      ``send()`` or waiting for a command);
+    - ``init``: the workers are in their worker loop's bring-up (they entered it; the
+      trainer waits at the init barrier);
+    - ``startup``: 0.3 s after the workers were spawned, before any worker code ran
+      (interpreter start-up, the trainer's imports, unpickling the producer's context).
+    """
+    import tempfile
+
+    from healthkit_glt._receive import channel_shmid
+
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    if phase in ("init", "startup"):
+        markers = tempfile.mkdtemp(prefix="hk-trainer-")
+
+        def report() -> None:
+            deadline = time.monotonic() + 60
+            while len(h.spawned_worker_pids()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if phase == "startup":
+                time.sleep(0.3)
+            else:
+                while len(os.listdir(markers)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            _result(phase=phase, worker_pids=sorted(h.spawned_worker_pids()), shmid=None)
+
+        threading.Thread(target=report, daemon=True).start()
+        _hk_loader(dataset, rpc_init_timeout=60, worker_loop=slow_init_loop,
+                   worker_extra={"markers": markers})  # fmt: skip
+        _say("UNEXPECTED: loader built")
+        return
+    loader = _hk_loader(dataset)
+    it = iter(loader)
+    batch = next(it)
+    _result(phase=phase, worker_pids=[w.pid for w in loader.producer.workers],
+            shmid=channel_shmid(loader.producer.output_channel))  # fmt: skip
+    time.sleep(3600)
+    del batch
+
+
+def slow_init_loop(ctx: Any) -> None:
+    """Default loop after a 30 s pause: the workers stay in bring-up while the test acts."""
+    import healthkit_glt as hg
+
+    open(os.path.join(ctx.extra["markers"], str(ctx.rank)), "w").close()
+    time.sleep(30)
+    hg.default_worker_loop(ctx)
+
+
+def _raising_sampler_factory(*, raise_in: str, **kwargs: Any) -> Any:
+    """GLT's real DistNeighborSampler whose coroutine ``raise_in`` raises on its 3rd call in
+    worker 1 (worker 0 keeps sampling, so batches keep arriving while the error is
+    reported). Module-level so that a ``functools.partial`` of it pickles."""
+    import healthkit_glt as hg
+    from graphlearn_torch.distributed import get_context
+    from graphlearn_torch.distributed.dist_neighbor_sampler import DistNeighborSampler
+
+    base = hg.create_dist_sampler(**kwargs)
+    rank = get_context().rank
+    calls = [0]
+    original = getattr(base, raise_in)
+
+    async def raising(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            raise IndexError(f"seed index out of range in {raise_in} (injected by the test)")
+        return await original(*args, **kw)
+
+    assert isinstance(base, DistNeighborSampler)
+    setattr(base, raise_in, raising)
+    return base
+
+
+def scenario_hk_sampling_error(entry: str = "nodes") -> None:
+    """A sampling error inside a live worker. ``entry``:
+
+    - ``features``: the default sampler and loader; the features cover nodes 0-499 of 1000,
+      so the feature lookup in the sampler's coroutine raises (a real GLT error);
+    - ``nodes`` / ``edges`` / ``subgraph``: a custom ``sampler_factory`` whose
+      ``_sample_from_nodes`` / ``_sample_from_edges`` / ``_subgraph`` coroutine raises in
+      worker 1 (the producer driven directly, as a GiGL-style loader does).
+    """
+    import functools
+
+    import healthkit_glt as hg
+    import torch
+    from graphlearn_torch.channel import ShmChannel
+    from graphlearn_torch.sampler import (
+        EdgeSamplerInput,
+        NodeSamplerInput,
+        SamplingConfig,
+        SamplingType,
+    )
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    h.init_single_process_context()
+    dataset = h.build_dataset()
+    t0 = time.monotonic()
+    batches = 0
+    if entry == "features":
+        dataset.init_node_features(torch.randn(500, h.FEATURE_DIM), with_gpu=False)
+        loader = _hk_loader(dataset)
+        producer = loader.producer
+        try:
+            for _ in loader:
+                batches += 1
+        except hg.SamplingError as e:
+            return _sampling_error_result(e, producer, batches, t0)
+        finally:
+            loader.shutdown()
+        return _result(outcome="finished", batches=batches)
+    stype, seeds, method = {
+        "nodes": (SamplingType.NODE, NodeSamplerInput(node=torch.arange(h.NUM_NODES)),
+                  "_sample_from_nodes"),
+        "edges": (SamplingType.LINK, EdgeSamplerInput(row=torch.arange(500),
+                                                      col=torch.arange(500, 1000)),
+                  "_sample_from_edges"),
+        "subgraph": (SamplingType.SUBGRAPH, NodeSamplerInput(node=torch.arange(h.NUM_NODES)),
+                     "_subgraph"),
+    }[entry]  # fmt: skip
+    config = SamplingConfig(stype, list(h.NUM_NEIGHBORS), 32, True, False, False, True,
+                            with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
+    producer = hg.DistSamplingProducer(
+        dataset, seeds, config, h.make_worker_options(), ShmChannel(2, "16MB"),
+        sampler_factory=functools.partial(_raising_sampler_factory, raise_in=method),
+    )  # fmt: skip
+    producer.init()
+    try:
+        producer.produce_all()
+        expected = -(-len(seeds) // 32)
+        while batches < expected:
+            msg = producer.recv()
+            batches += 1
+            del msg
+    except hg.SamplingError as e:
+        return _sampling_error_result(e, producer, batches, t0)
+    finally:
+        producer.shutdown()
+    _result(outcome="finished", batches=batches)
+
+
+def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> None:
+    now = time.time()
+    workers = producer.workers
+    _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, batches=batches,
+            worker_traceback=e.worker_traceback, first_line=str(e).splitlines()[0],
+            worker_exit_codes=[w.exitcode for w in workers],
+            children_left=h.spawned_worker_pids(), failure_kept=producer.failure is e,
+            **_error_fields(e))  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return h._stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def _dev_shm_names(pids: Sequence[int]) -> list[str]:
+    """POSIX shared memory (``/dev/shm``) whose name carries one of ``pids`` (torch's
+    ``torch_<pid>_...``, multiprocessing's are unlinked at creation)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    return sorted(n for n in names if any(f"_{p}_" in n or n.endswith(f"_{p}") for p in pids))
+
+
+def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) -> dict[str, Any]:
+    """Run ``hk-trainer PHASE`` in its own session, SIGKILL it once it reported its workers,
+    then watch them: when each is gone (or that it outlived ``watch_s``), and which SysV
+    segment of the trainer or POSIX shm of the group is left. Everything of the session is
+    SIGKILLed and removed afterwards, so a failing run leaves nothing behind either."""
+    import select
+    import subprocess
+
+    with h.sigusr1_stack_dumps() as (env, _):
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "hk-trainer", phase],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        out: list[str] = []
+        info: dict[str, Any] | None = None
+        deadline = time.monotonic() + timeout
+        try:
+            while info is None and time.monotonic() < deadline:
+                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                if not ready:
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                out.append(line)
+                if line.startswith("RESULT "):
+                    info = json.loads(line[7:])
+            if info is None:
+                return {"error": "the trainer never reported its workers", "output": "".join(out)}
+            pids: list[int] = info["worker_pids"]
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            proc.wait()
+            gone_after: dict[int, float | None] = {p: None for p in pids}
+            while time.monotonic() - killed < watch_s and None in gone_after.values():
+                for p in pids:
+                    if gone_after[p] is None and not _alive(p):
+                        gone_after[p] = time.monotonic() - killed
+                time.sleep(0.005)
+            survivors = [p for p in pids if _alive(p)]
+            settle = time.monotonic() + 2.0  # the kernel frees a segment at the last detach
+            while time.monotonic() < settle and h._sysv_shm_created_by([proc.pid]):
+                time.sleep(0.02)
+            return {"worker_pids": pids, "gone_after_s": list(gone_after.values()),
+                    "survivors": survivors, "shmid": info["shmid"],
+                    "segments_left": h._sysv_shm_created_by([proc.pid, *pids]),
+                    "dev_shm_left": _dev_shm_names([proc.pid, *pids]),
+                    "output": "".join(out)}  # fmt: skip
+        finally:
+            members = h.pids_in_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                for p in members:
+                    os.kill(p, signal.SIGKILL)  # reparented workers, by pid
+            proc.wait()
+            end = time.monotonic() + 10
+            while any(_alive(p) for p in members) and time.monotonic() < end:
+                time.sleep(0.02)
+            h.remove_orphan_sysv_shm([proc.pid, *members])
+            proc.stdout.close()
+
+
 SCENARIOS = {
     "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
     "hk-init-raise": lambda a: scenario_hk_init_raise(),
+    "hk-init-sigkill-arrived": lambda a: scenario_hk_init_sigkill_arrived(*(float(x) for x in a)),
+    "hk-shutdown-mid-epoch": lambda a: scenario_hk_shutdown_mid_epoch(*(float(x) for x in a)),
     "hk-init-hang": lambda a: scenario_hk_init_hang(*(float(x) for x in a)),
     "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(
         *(float(x) for x in a[:2]), *a[2:]
@@ -351,6 +697,8 @@ SCENARIOS = {
         *(int(x) for x in a)
     ),
     "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
+    "hk-trainer": lambda a: scenario_hk_trainer(*a),
+    "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

@@ -45,6 +45,12 @@ def test_the_example_trains_two_epochs(tmp_path: Path) -> None:
     proc = _run([sys.executable, str(EXAMPLE)], tmp_path, 360)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"epoch 1: 16 batches", proc.stdout)
+    # logging configured at the script's module level reaches the spawned workers too
+    for rank in (0, 1):
+        assert (
+            f"INFO healthkit_glt: sampling worker {rank} past the init barrier; RPC request "
+            "timeout narrowed from 120s (bring-up) to 30s (steady state)"
+        ) in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(400)
@@ -53,3 +59,13 @@ def test_the_example_stops_with_a_diagnosis_when_a_worker_is_killed(tmp_path: Pa
     assert proc.returncode == 1
     assert "training stopped: sampling worker 1" in proc.stderr
     assert "killed by SIGKILL" in proc.stderr
+
+
+@pytest.mark.timeout(400)
+def test_the_example_stops_with_the_workers_traceback_when_its_sampler_raises(
+    tmp_path: Path,
+) -> None:
+    proc = _run([sys.executable, str(EXAMPLE), "--bad-features"], tmp_path, 360)
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(r"training stopped: sampling worker \d raised while sampling for batch \d+: "
+                     r"IndexError: index \d+ is out of bounds", proc.stderr), proc.stderr

@@ -345,7 +345,9 @@ def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_wo
         interrupter.start()
         t = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            receiver.receive()  # nothing is ever written: only the SIGINT ends this
+            got = receiver.receive()  # nothing is ever written: only the SIGINT ends this
+            pytest.fail(f"receive() returned {got!r} after {time.monotonic() - t:.2f}s; "
+                        f"sleeper exit code {sleeper.exitcode}")  # fmt: skip
         assert time.monotonic() - t < 10.0
         writer = _spawn_writer(channel, 1)
         msg, ended = receiver.receive()
@@ -553,6 +555,8 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     assert all(len(r.digests) == -(-h.NUM_NODES // h.BATCH_SIZE) for r in runs)
     assert [w.exitcode for w in workers] == [0, 0]  # STOP, not SIGTERM
     assert producer.failure is None
+    assert producer._report_flag[0] == 0  # the clean path: no worker reported anything
+    assert _segments_of(os.getpid()) == before  # released by shutdown(), loader referenced
     assert shutdown_s < producer.stop_timeout + 2 * producer.kill_timeout
     assert again_s < 0.1
     with pytest.raises(RuntimeError, match="shut down"):
@@ -618,6 +622,7 @@ def test_worker_sigkilled_during_init_stock_glt_hangs_healthkit_glt_fails_in_sec
     assert r["exit_codes"] == {"0": -9}
     assert r["causes"] in (["SIGKILL_UNCONFIRMED"], ["OOM_KILLED"])
     assert "sampling worker 0" in r["message"] and "killed by SIGKILL" in r["message"]
+    assert r["segments_left"] == []  # released though the failed producer is referenced
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
     assert "Exception ignored" not in run.output
@@ -630,6 +635,13 @@ def test_worker_raising_during_init_fails_the_loader_with_its_exit_code_and_trac
     assert run.returncode == 0, run.output
     assert r["outcome"] == "raised" and r["type"] == "BarrierBrokenError"
     assert r["exit_codes"] == {"1": 1} and r["causes"] == ["ERROR_EXIT"]
+    # The raiser heads the error, whatever its peer died of, and it exits without an RPC
+    # teardown first (that took 1.8-7.8 s): raise to error in well under a second here.
+    assert r["message"].startswith(
+        "sampling worker 1 raised during init: ValueError: bad fan-out [5, 5]"
+    ), r["message"]
+    assert r["after_raise_s"] < 3.0
+    assert r["segments_left"] == []  # released though the failed producer is referenced
     assert "exited with code 1" in r["message"]
     assert "--- sampling worker 1 raised ---" in r["message"]
     assert "ValueError: bad fan-out [5, 5]" in r["message"]
@@ -655,7 +667,7 @@ def test_worker_hanging_during_init_fails_at_the_bound_with_the_hanging_stack() 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_seconds() -> None:
-    stock = sc.run_stock("hang-epoch", ["0", "0.5"], timeout=25.0)
+    stock = sc.run_stock("hang-epoch", ["0", "0.5"], timeout=60.0)  # start-up included
     assert stock.returncode is None, stock.output  # hung in ShmChannel.recv, then killed
     assert 'shm_channel.py", line 66 in recv' in stock.stacks, stock.stacks
 
@@ -751,3 +763,134 @@ def test_next_block_claimed_by_a_dead_worker_fails_the_loader_and_frees_the_segm
         assert int(r["shm_perms"], 8) & 0o1000  # SHM_DEST: gone when the process exits
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
+
+
+# --- the trainer itself SIGKILLed (OOM-killed) ---------------------------------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.parametrize("phase", ["epoch", "init"], ids=["mid-epoch", "during-init"])
+def test_sampling_workers_die_within_2s_of_a_sigkilled_trainer_and_leave_no_segment(
+    phase: str,
+) -> None:
+    """Mid-epoch the workers are past the barrier, parked in ``send()`` or waiting for a
+    command; during init they are in bring-up and the trainer waits at the barrier. Either
+    way nothing but the kernel's parent-death signal tells them that the trainer is gone.
+    Without it (before this was fixed) both workers were alive 5 s later, in every phase,
+    and the channel's segment stayed in the kernel."""
+    r = sc.sigkill_trainer(phase)
+    assert "error" not in r, r
+    assert r["survivors"] == [], f"workers outlived the trainer: {r}"
+    assert all(t is not None and t < 2.0 for t in r["gone_after_s"]), r
+    assert r["segments_left"] == [] and r["dev_shm_left"] == [], r
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_workers_whose_trainer_died_before_they_started_end_themselves_when_they_start() -> None:
+    """SIGKILLed 0.3 s after the spawn, before any worker code runs: the parent-death
+    signal cannot be set yet (docs/glt.md, "Limits"); the worker notices that its parent is
+    gone as its first step and ends itself, once its start-up is done."""
+    r = sc.sigkill_trainer("startup", watch_s=30.0)
+    assert "error" not in r, r
+    assert r["survivors"] == [], f"workers outlived the trainer: {r}"
+    assert all(t is not None and t < 30.0 for t in r["gone_after_s"]), r
+    assert r["segments_left"] == [] and r["dev_shm_left"] == [], r
+
+
+# --- a sampling error inside a live worker -------------------------------------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.parametrize("entry", ["features", "nodes", "edges", "subgraph"])
+def test_a_sampling_error_in_a_live_worker_fails_the_loader_with_rank_and_traceback(
+    entry: str,
+) -> None:
+    """Stock GLT logs the coroutine's exception and drops it: the worker lives on and the
+    consumer waits forever for a batch that never comes. ``features``: the default sampler
+    and loader, a real feature lookup out of range; ``nodes`` / ``subgraph``: a custom
+    sampler factory whose GLT coroutine raises in worker 1 while worker 0 keeps sampling;
+    ``edges``: GLT's own link sampling, whose message ``ShmChannel.send`` rejects inside the
+    coroutine on both supported builds (a real GLT error that stock GLT swallows)."""
+    run = sc.run_scenario("hk-sampling-error", [entry], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["outcome"] == "raised" and r["type"] == "SamplingError", run.output
+    assert "HealthkitError" in r["mro"] and "RuntimeError" in r["mro"]
+    assert r["failure_kept"] is True
+    # from the worker's report to the caller, including the teardown of both workers
+    assert r["after_raise_s"] < 5.0
+    expected = {
+        "features": "IndexError: index",
+        "nodes": "IndexError: seed index out of range in _sample_from_nodes (injected",
+        "edges": "TypeError: send(): incompatible function arguments",
+        "subgraph": "IndexError: seed index out of range in _subgraph (injected",
+    }[entry]
+    assert expected in r["worker_traceback"] and "Traceback (most recent call last)" in r[
+        "worker_traceback"
+    ]
+    assert r["first_line"].startswith(f"sampling worker {r['rank']} raised while sampling")
+    assert expected in r["first_line"]
+    if entry in ("nodes", "subgraph"):
+        assert r["rank"] == 1
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+# --- init barrier: a worker SIGKILLed after it arrived --------------------------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_sigkilled_after_arriving_at_the_barrier_fails_the_loader_in_milliseconds() -> None:
+    """The barrier waits ``abort_grace`` for a party that arrived and died (it may have
+    passed just before): 1 s by default made this take 2.2 s; the producer uses 0.05 s."""
+    run = sc.run_scenario("hk-init-sigkill-arrived", ["0.3"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["outcome"] == "raised" and r["type"] == "BarrierBrokenError", run.output
+    assert r["exit_codes"] == {"1": -9} and r["arrived_dead"] == [1]
+    assert r["after_kill_s"] < 1.0
+    assert r["segments_left"] == [] and r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+# --- shutdown() during an epoch: escalation visible, segment released -----------------------
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_shutdown_during_an_epoch_logs_its_escalation_at_warning_and_releases_the_segment() -> None:
+    """Both workers are parked in ``send()`` on a full ring and cannot read STOP: after
+    ``stop_timeout`` they get SIGTERM and exit 0 through torch's handler, so the WARNING
+    line is the only trace of the escalation."""
+    run = sc.run_scenario("hk-shutdown-mid-epoch", ["0.5"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert "WARNING healthkit_glt: sampling workers" in run.output
+    assert "did not stop within 0.5s of STOP; SIGTERM" in run.output
+    assert r["worker_exit_codes"] == [0, 0]
+    assert r["shutdown_s"] < 0.5 + 5.0 + 2.0
+    assert r["segments_left"] == [] and r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+# --- which receiver this GLT build gets ------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_this_glt_build_writes_the_ring_layout_the_ring_reader_checks(
+    glt_context: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both supported builds (0.2.4 and 26fe3d4) write the layout; a build that does not
+    gets the helper thread with a warning (test_a_ring_of_another_layout_...)."""
+    from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._receive import RingReceiver, open_receiver
+
+    print(f"graphlearn-torch {hg.glt_version()} ({hg.glt_build()})")
+    assert hg.glt_version() in ("0.2.4", "0.2.4+git26fe3d4")
+    channel = ShmChannel(2, "1MB")
+    with caplog.at_level("WARNING", logger="healthkit_glt"):
+        receiver = open_receiver(channel, [])
+    assert isinstance(receiver, RingReceiver), caplog.text
+    assert "helper thread" not in caplog.text
+    receiver.close()
+    del receiver, channel
+    gc.collect()

@@ -5,6 +5,7 @@ Importing this imports torch and graphlearn-torch (``import healthkit`` does not
 """
 
 from healthkit import BarrierBrokenError, BarrierTimeoutError
+from healthkit_glt._compat import glt_build, glt_version
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
     DEFAULT_RPC_INIT_TIMEOUT_S,
@@ -14,7 +15,7 @@ from healthkit_glt._config import (
     resolve_timeouts,
 )
 from healthkit_glt._loader import DistNeighborLoader
-from healthkit_glt._producer import DistSamplingProducer, SamplingWorkerDiedError
+from healthkit_glt._producer import DistSamplingProducer, SamplingError, SamplingWorkerDiedError
 from healthkit_glt._receive import RingLayoutError
 from healthkit_glt._version import __version__ as __version__
 from healthkit_glt._worker import (
@@ -27,6 +28,7 @@ from healthkit_glt._worker import (
     init_sampling_worker,
     narrow_rpc_timeout,
     pass_init_barrier,
+    report_sampling_error,
     run_task_loop,
     start_sampler,
     teardown_sampling_worker,
@@ -43,6 +45,7 @@ __all__ = [
     "DistSamplingProducer",
     "RingLayoutError",
     "SamplerFactory",
+    "SamplingError",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",
     "SerializedSendChannel",
@@ -50,9 +53,12 @@ __all__ = [
     "WorkerLoop",
     "create_dist_sampler",
     "default_worker_loop",
+    "glt_build",
+    "glt_version",
     "init_sampling_worker",
     "narrow_rpc_timeout",
     "pass_init_barrier",
+    "report_sampling_error",
     "resolve_timeouts",
     "run_task_loop",
     "start_sampler",

@@ -13,10 +13,20 @@ Three places where stock GLT 0.2.4 waits forever, and what this producer does in
   written, and otherwise waits on every worker's exit fd (pidfd), so a death ends the wait
   within milliseconds and raises :class:`SamplingWorkerDiedError` with a diagnosis
   (:mod:`healthkit_glt._receive` has how, and the fallback for other channels).
+- a sampling error in a live worker: GLT's event loop logs the coroutine's exception and
+  drops it; the worker lives on, its batch never comes, and ``recv()`` waits forever. Here
+  the worker reports it on the producer's error pipe and :meth:`DistSamplingProducer.recv`
+  raises :class:`SamplingError` (rank, traceback) within milliseconds.
 - ``shutdown()``: sequential 5 s joins per worker, a ``terminate()`` without a join (zombies,
   exit code ``None``), and a flag set only after the work. Here it is idempotent (flag
   first), bounded (STOP, a joint join, terminate, kill), and stops watching before it tears
   down, so workers that exit 0 on our SIGTERM (torch's handlers) are never reported.
+
+And where stock GLT leaks: workers whose trainer was SIGKILLed live on (reparented to init);
+here each worker gets the kernel's parent-death signal. The channel's SysV segment outlives
+a SIGKILLed trainer and stays attached after ``shutdown()`` until the loader is collected;
+here it is marked for removal as soon as the workers are started and released by the
+teardown (:class:`healthkit_glt._compat.RingSegment`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
 import shutil
 import tempfile
@@ -45,17 +56,26 @@ from healthkit import (
     BoundedBarrier,
     Diagnosis,
     ExitDiagnoser,
+    HealthkitError,
     ProcessDiedError,
     ProcessWatch,
 )
+from healthkit_glt._compat import RingSegment
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
     RPC_INIT_TIMEOUT_ENV,
     TimeoutPlan,
     resolve_timeouts,
 )
-from healthkit_glt._receive import Receiver, ReceiverMode, check_receiver_mode, open_receiver
+from healthkit_glt._receive import (
+    ErrorReported,
+    Receiver,
+    ReceiverMode,
+    check_receiver_mode,
+    open_receiver,
+)
 from healthkit_glt._worker import (
+    ErrorReports,
     SamplerFactory,
     SamplingWorkerContext,
     WorkerLoop,
@@ -65,9 +85,11 @@ from healthkit_glt._worker import (
     error_file,
 )
 
-__all__ = ["DistSamplingProducer", "SamplingWorkerDiedError"]
+__all__ = ["DistSamplingProducer", "SamplingError", "SamplingWorkerDiedError"]
 
 logger = logging.getLogger("healthkit_glt")
+
+INIT_ABORT_GRACE_S = 0.05
 
 
 class SamplingWorkerDiedError(ProcessDiedError):
@@ -83,6 +105,22 @@ class SamplingWorkerDiedError(ProcessDiedError):
         super().__init__(message, diagnosis)
         self.rank = rank
         self.diagnoses = diagnoses
+
+
+class SamplingError(HealthkitError, RuntimeError):
+    """A sampling worker's sampler raised (a bad seed index, a feature lookup error, an RPC
+    error to a peer's partition) while the worker stayed alive.
+
+    ``rank`` is the worker's rank, ``worker_traceback`` the traceback text from the worker,
+    ``raised_at`` the worker's ``time.time()`` at the report. The producer is torn down when
+    this is raised: the epoch cannot complete without that worker's batches.
+    """
+
+    def __init__(self, message: str, *, rank: int, worker_traceback: str, raised_at: float) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.worker_traceback = worker_traceback
+        self.raised_at = raised_at
 
 
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
@@ -181,7 +219,10 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._receiver: Receiver | None = None
         self._init_barrier: BoundedBarrier | None = None
         self._error_dir: str | None = None
-        self._failure: SamplingWorkerDiedError | None = None
+        self._failure: SamplingWorkerDiedError | SamplingError | None = None
+        self._reports_r: Any = None
+        self._report_flag: Any = None
+        self._segment: RingSegment | None = None
         self._batches_received = 0  # since the last produce_all(), for the error message
         super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
         self.timeouts: TimeoutPlan = resolve_timeouts(
@@ -224,8 +265,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             self.shutdown()
             raise
         self._receiver = open_receiver(
-            self.output_channel, self._workers, mode=self.receiver, poll_ms=self.recv_poll_ms
-        )
+            self.output_channel, self._workers, mode=self.receiver, poll_ms=self.recv_poll_ms,
+            reports=self._reports_r, report_flag=self._report_flag,
+        )  # fmt: skip
         _live_producers.add(self)
         _register_atexit_once()
 
@@ -249,8 +291,18 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             name="GLT sampling worker init barrier",
             worker_label="sampling worker",
             hint=hint,
+            # A worker that arrived and then died is reported after this grace (it might
+            # have passed just before dying), and the barrier's abort is joined this long:
+            # the 1 s default made a post-barrier death take 2 s to report.
+            abort_grace=INIT_ABORT_GRACE_S,
         )
         self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
+        # Marked for removal before the workers attach: gone with its last attacher, even
+        # when the trainer is SIGKILLed (see RingSegment).
+        self._segment = RingSegment.adopt(self.output_channel)
+        self._reports_r, reports_w = self._ctx.Pipe(duplex=False)
+        self._report_flag = self._ctx.RawArray("b", 1)
+        reports = ErrorReports(reports_w, self._ctx.Lock(), self._report_flag)
         # GLT's ShmChannel stalls with concurrent writers (see SerializedSendChannel).
         send_lock = self._ctx.Lock() if self.num_workers > 1 else None
         for rank in range(self.num_workers):
@@ -273,6 +325,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 error_dir=self._error_dir,
                 extra=self.worker_extra,
                 send_lock=send_lock,
+                parent_pid=os.getpid(),
+                reports=reports,
             )
             w = self._ctx.Process(
                 target=_worker_entry,
@@ -282,6 +336,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             )
             w.start()
             self._workers.append(w)
+        reports_w.close()  # each worker has its own copy now
         logger.debug("waiting for %d sampling workers: %s", self.num_workers, plan.describe())
         bb.wait(self._workers, on_failure=self._teardown_after_init_failure)
 
@@ -299,12 +354,23 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._teardown(stop_grace=self.init_failure_grace, send_stop=False, cleanup=False)
 
     def _with_worker_tracebacks(self, e: BarrierBrokenError) -> BarrierBrokenError:
-        """The same error, plus the traceback of every dead worker that raised."""
+        """The same error, headed by the worker that raised (if one did), plus the traceback
+        of every dead worker that raised.
+
+        Why a new first line: when one worker raises, its peers can die of the broken RPC
+        connection within milliseconds of it, and the first death observed is not always
+        the cause. A worker that left a traceback is the one that raised.
+        """
+        raisers = [r.rank for r in e.dead if self._worker_traceback(r.rank)]
         extra = self._worker_tracebacks(r.rank for r in e.dead)
         if not extra:
             return e
+        head = ""
+        if raisers:
+            last = self._worker_traceback(raisers[0]).strip().splitlines()[-1]
+            head = f"sampling worker {raisers[0]} raised during init: {last}\n"
         return type(e)(
-            f"{e}\n{extra}",
+            f"{head}{e}\n{extra}",
             barrier_name=e.barrier_name,
             elapsed=e.elapsed,
             bound=e.bound,
@@ -312,17 +378,19 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             env_var=e.env_var,
         )
 
+    def _worker_traceback(self, rank: int) -> str:
+        if self._error_dir is None:
+            return ""
+        try:
+            with open(error_file(self._error_dir, rank)) as f:
+                return f.read().rstrip()
+        except OSError:
+            return ""
+
     def _worker_tracebacks(self, ranks: Any) -> str:
         parts = []
         for rank in ranks:
-            if self._error_dir is None:
-                break
-            try:
-                with open(error_file(self._error_dir, rank)) as f:
-                    text = f.read().rstrip()
-            except OSError:
-                continue
-            if text:
+            if text := self._worker_traceback(rank):
                 parts.append(f"--- sampling worker {rank} raised ---\n{text}")
         return "\n".join(parts)
 
@@ -343,11 +411,31 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         receiver = self._receiver
         if receiver is None or self._shutdown:
             raise RuntimeError("this DistSamplingProducer is not running (init() or shut down)")
-        msg, ended = receiver.receive()
+        try:
+            msg, ended = receiver.receive()
+        except ErrorReported as report:
+            raise self._fail_on_report(report) from None
         if not ended:
             self._batches_received += 1
             return msg
         raise self._fail(ended)
+
+    def _fail_on_report(self, report: ErrorReported) -> SamplingError:
+        err = SamplingError(
+            f"sampling worker {report.rank} raised while sampling for batch "
+            f"{self._batches_received + 1}: {report.summary or 'see its traceback below'}\n"
+            "The worker is alive but its batches will never come; this producer has been "
+            "shut down. What to do: fix the error below (seed indexes, features, the peer "
+            "named in an RPC error), then build a new loader.\n"
+            f"--- sampling worker {report.rank} raised ---\n{report.text.rstrip()}",
+            rank=report.rank,
+            worker_traceback=report.text,
+            raised_at=report.raised_at,
+        )
+        self._failure = err
+        self._shutdown = True
+        self._teardown(stop_grace=0.0, send_stop=False)
+        return err
 
     def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError:
         receiver = self._receiver
@@ -396,6 +484,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if receiver is not None:
             receiver.stop()
         workers = list(self._workers)
+        alive = workers  # until the joins below say otherwise
         try:
             if send_stop:
                 for q in self._task_queues:
@@ -403,30 +492,49 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                         q.put_nowait((MpCommand.STOP, None))
             alive = _join_all(workers, stop_grace)
             if alive:
-                logger.debug("sampling workers %s did not stop; SIGTERM", [w.pid for w in alive])
+                # A warning when STOP was sent and not obeyed in time: the workers then
+                # exit 0 through torch's SIGTERM handler, and only this line tells.
+                # Without STOP (a failure's teardown) SIGTERM is the plan, not an escalation.
+                log = logger.warning if send_stop else logger.debug
+                log(
+                    "sampling workers %s did not stop within %gs of STOP; SIGTERM (kill "
+                    "timeout %gs)",
+                    [w.pid for w in alive], stop_grace, self.kill_timeout,
+                )  # fmt: skip
                 for w in alive:
                     with contextlib.suppress(Exception):
                         w.terminate()
                 alive = _join_all(alive, self.kill_timeout)
             if alive:
-                logger.warning("workers %s ignored SIGTERM; SIGKILL", [w.pid for w in alive])
+                logger.warning(
+                    "sampling workers %s ignored SIGTERM for %gs; SIGKILL",
+                    [w.pid for w in alive], self.kill_timeout,
+                )  # fmt: skip
                 for w in alive:
                     with contextlib.suppress(Exception):
                         w.kill()
                 alive = _join_all(alive, self.kill_timeout)
             if alive:
-                logger.error("workers %s alive after SIGKILL", [w.pid for w in alive])
+                logger.error("sampling workers %s alive after SIGKILL", [w.pid for w in alive])
         finally:
             for q in self._task_queues:
                 with contextlib.suppress(Exception):
                     q.cancel_join_thread()
                     q.close()
-            if receiver is not None:
-                receiver.close()
+            stuck = receiver is not None and not receiver.close()
+            if self._reports_r is not None:
+                self._reports_r.close()
+                self._reports_r = None
+            if self._segment is not None and not alive and not stuck:
+                self._segment.release(self.output_channel)
+                self._segment = None
             if cleanup:
                 self._cleanup_files()
 
     def _cleanup_files(self) -> None:
+        if self._segment is not None and not any(w.is_alive() for w in self._workers):
+            self._segment.release(self.output_channel)
+            self._segment = None
         if self._init_barrier is not None:
             self._init_barrier.close()
         if self._error_dir is not None:
@@ -439,7 +547,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         return list(self._workers)
 
     @property
-    def failure(self) -> SamplingWorkerDiedError | None:
+    def failure(self) -> SamplingWorkerDiedError | SamplingError | None:
         """The steady-state failure that ended this producer, if any."""
         return self._failure
 

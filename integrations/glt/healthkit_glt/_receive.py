@@ -41,9 +41,24 @@ from typing import Any, Literal, Protocol
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
 from healthkit import ProcessWatch
+from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
+from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
+from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET
+from healthkit_glt._compat import HEADER_SIZE as _HEADER_SIZE
+from healthkit_glt._compat import IPC_RMID as _IPC_RMID
+from healthkit_glt._compat import MAX_BLOCK_NUM as _MAX_BLOCK_NUM
+from healthkit_glt._compat import READ_BLOCK_ID as _READ_BLOCK_ID
+from healthkit_glt._compat import READ_SEM as _READ_SEM
+from healthkit_glt._compat import SEM_SIZE as _SEM_SIZE
+from healthkit_glt._compat import SHM_RDONLY as _SHM_RDONLY
+from healthkit_glt._compat import WRITE_BLOCK_ID as _WRITE_BLOCK_ID
+from healthkit_glt._compat import WRITE_SEM as _WRITE_SEM
+from healthkit_glt._compat import channel_shmid
+from healthkit_glt._compat import libc as _libc
 
 __all__ = [
     "RECEIVER_MODES",
+    "ErrorReported",
     "Receiver",
     "ReceiverMode",
     "RingLayoutError",
@@ -58,28 +73,6 @@ logger = logging.getLogger("healthkit_glt")
 
 ReceiverMode = Literal["auto", "ring", "thread"]
 RECEIVER_MODES: tuple[str, ...] = ("auto", "ring", "thread")
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.shmat.restype = ctypes.c_void_p
-_libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-_libc.shmdt.argtypes = [ctypes.c_void_p]
-_libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-_libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-_libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-_libc.sem_post.argtypes = [ctypes.c_void_p]
-_libc.sem_destroy.argtypes = [ctypes.c_void_p]
-
-_IPC_RMID = 0
-_SHM_RDONLY = 0o10000
-_SEM_SIZE = 32  # sizeof(sem_t), glibc on 64-bit Linux
-
-# ShmQueueMeta: 8 size_t fields, then alloc_lock_ and release_lock_ (sem_t each).
-_MAX_BLOCK_NUM, _BLOCK_META_OFFSET, _DATA_BUF_OFFSET = 0, 2, 3  # size_t indexes
-_WRITE_BLOCK_ID, _READ_BLOCK_ID = 4, 5  # size_t indexes
-_HEADER_SIZE = 8 * 8 + 2 * _SEM_SIZE
-# BlockMeta: begin, data, end (size_t), write and read (sem_t), release (bool), padded to 8.
-_WRITE_SEM, _READ_SEM = 3 * 8, 3 * 8 + _SEM_SIZE
-_BLOCK_SIZE = 3 * 8 + 2 * _SEM_SIZE + 8
 
 _RING_WAIT_MS = 1  # GLT's own recv() sleeps 1 ms at a time while its ring is empty
 
@@ -112,6 +105,15 @@ class RingLayoutError(RuntimeError):
     ``receiver="ring"`` cannot be used with it; use ``"auto"`` or ``"thread"``."""
 
 
+class ErrorReported(Exception):
+    """A worker reported a sampling error (raised by ``receive()``; the producer turns it
+    into :class:`healthkit_glt.SamplingError`)."""
+
+    def __init__(self, rank: int, text: str, summary: str, raised_at: float) -> None:
+        super().__init__(rank, text, summary, raised_at)
+        self.rank, self.text, self.summary, self.raised_at = rank, text, summary, raised_at
+
+
 class Receiver(Protocol):
     """What the producer needs from a receiver."""
 
@@ -131,15 +133,6 @@ class Receiver(Protocol):
         ...
 
 
-def channel_shmid(channel: ChannelBase) -> int | None:
-    """The SysV shared-memory id of a GLT ``ShmChannel`` (None for other channels)."""
-    q = getattr(channel, "_queue", None)
-    try:
-        return int(q.__getstate__()) if q is not None else None
-    except Exception:
-        return None
-
-
 class _WorkerExits:
     """One ``poll()`` set over the workers' pidfds (plus any extra fds of a receiver).
 
@@ -147,7 +140,7 @@ class _WorkerExits:
     batch (once per millisecond while waiting), and the fd set never changes.
     """
 
-    def __init__(self, workers: Sequence[BaseProcess]) -> None:
+    def __init__(self, workers: Sequence[BaseProcess], reports: Any = None) -> None:
         self.watches = [
             ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)
         ]
@@ -157,15 +150,33 @@ class _WorkerExits:
         for fd in self._by_fd:
             self._poller.register(fd, select.POLLIN)
         self.poll = self._poller.poll
+        # The workers' error reports (a pipe's read end), if the producer has one.
+        self._reports = reports
+        self._reports_fd = -1
+        if reports is not None:
+            self._reports_fd = reports.fileno()
+            self.register(self._reports_fd)
 
     def register(self, fd: int) -> None:
         self._poller.register(fd, select.POLLIN)
 
     def ended(self, events: list[tuple[int, int]]) -> list[ProcessWatch]:
-        """The watches among ``events`` whose worker has ended (other fds are skipped)."""
+        """The watches among ``events`` whose worker has ended (other fds are skipped);
+        raises :class:`ErrorReported` first if a worker reported a sampling error."""
+        if self._reports_fd >= 0 and any(fd == self._reports_fd for fd, _ in events):
+            self.raise_report()
         return [
             w for fd, _ in events if (w := self._by_fd.get(fd)) is not None and w.poll() is not None
         ]
+
+    def raise_report(self) -> None:
+        """Raise the first pending report as :class:`ErrorReported` (if one is there)."""
+        if self._reports is not None and self._reports.poll():
+            try:
+                rank, text, summary, raised_at = self._reports.recv()
+            except (EOFError, OSError):
+                return
+            raise ErrorReported(rank, text, summary, raised_at)
 
     def close(self) -> None:
         for w in self.watches:
@@ -178,23 +189,34 @@ def check_receiver_mode(mode: str) -> None:
         raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
 
 
+_NO_REPORT = bytearray(1)  # the flag of a receiver without error reports: never set
+
+
 def open_receiver(
     channel: ChannelBase,
     workers: Sequence[BaseProcess],
     *,
     mode: ReceiverMode = "auto",
     poll_ms: int = 500,
+    reports: Any = None,
+    report_flag: Any = None,
 ) -> Receiver:
-    """The receiver for ``channel``: the ring reader when it can be used (``"auto"``)."""
+    """The receiver for ``channel``: the ring reader when it can be used (``"auto"``).
+
+    ``reports`` (a ``multiprocessing`` connection's read end) and ``report_flag`` (a shared
+    byte that the workers set after writing a report) carry sampling errors: the receive
+    raises :class:`ErrorReported` instead of waiting for a batch that will never come.
+    """
     check_receiver_mode(mode)
+    flag = report_flag if report_flag is not None else _NO_REPORT
     if mode != "thread":
         try:
-            return RingReceiver.open(channel, workers)
+            return RingReceiver.open(channel, workers, reports, flag)
         except RingLayoutError as e:
             if mode == "ring":
                 raise
             logger.warning("%s; receiving through a helper thread instead", e)
-    return ThreadReceiver(channel, workers, poll_ms)
+    return ThreadReceiver(channel, workers, poll_ms, reports, flag)
 
 
 class RingReceiver:
@@ -212,9 +234,11 @@ class RingReceiver:
         workers: Sequence[BaseProcess],
         addr: int,
         blocks: int,
+        reports: Any = None,
+        flag: Any = _NO_REPORT,
     ) -> None:
         self._channel = channel
-        self._exits = _WorkerExits(workers)
+        self._exits = _WorkerExits(workers, reports)
         self.watches, self.ranks = self._exits.watches, self._exits.ranks
         # close() from another thread writes here, so a waiting receive returns at once.
         self._wake_r, self._wake_w = os.pipe()
@@ -225,7 +249,9 @@ class RingReceiver:
         self._words = memoryview(table).cast("B").cast("I")
         read_sem_words = [(_HEADER_SIZE + _BLOCK_SIZE * i + _READ_SEM) // 4 for i in range(blocks)]
         # What a receive reads, in one attribute: each lookup is a cache miss after a wait.
-        self._hot = (self._header, self._words, read_sem_words, self._exits.poll, channel.recv)
+        self._hot = (
+            self._header, self._words, read_sem_words, self._exits.poll, channel.recv, flag
+        )  # fmt: skip
         # Held for a whole receive, so close() from another thread (an atexit shutdown)
         # never detaches the segment under it. Reentrant, for a close() from a signal
         # handler on the receiving thread: that one leaves the detach to the receive.
@@ -235,7 +261,13 @@ class RingReceiver:
         self._closed = False
 
     @classmethod
-    def open(cls, channel: ChannelBase, workers: Sequence[BaseProcess]) -> RingReceiver:
+    def open(
+        cls,
+        channel: ChannelBase,
+        workers: Sequence[BaseProcess],
+        reports: Any = None,
+        flag: Any = _NO_REPORT,
+    ) -> RingReceiver:
         """Attach ``channel``'s ring read-only and check its layout; RingLayoutError if not."""
         shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
         if shmid is None:
@@ -253,7 +285,7 @@ class RingReceiver:
         except RingLayoutError:
             _libc.shmdt(addr)
             raise
-        return cls(channel, workers, addr, blocks)
+        return cls(channel, workers, addr, blocks, reports, flag)
 
     def receive(self) -> tuple[Any, list[ProcessWatch]]:
         with self._lock:
@@ -261,14 +293,16 @@ class RingReceiver:
                 raise RuntimeError("the sampling producer was shut down during a receive")
             self._receiving = True
             try:
-                header, words, sems, poll, recv = self._hot
+                header, words, sems, poll, recv, flag = self._hot
                 r = header[_READ_BLOCK_ID]
                 sem = sems[r % len(sems)]
                 while True:
                     # Each pass is one 1 ms wake, on cold caches: every bytecode here
                     # costs measurable CPU per batch (docs/glt.md, "What it costs"), so
-                    # the test is two memory reads and the wait one poll() call.
-                    if header[_WRITE_BLOCK_ID] > r and words[sem]:
+                    # the test is three memory reads and the wait one poll() call. A
+                    # reported sampling error (the flag) is raised before any batch: the
+                    # poll() below finds its pipe readable at once.
+                    if header[_WRITE_BLOCK_ID] > r and words[sem] and not flag[0]:
                         return recv(), []
                     if events := poll(_RING_WAIT_MS):
                         if self._closed:
@@ -316,7 +350,7 @@ def _check_layout(addr: int) -> int:
     head = (ctypes.c_size_t * 4).from_address(addr)
     blocks = head[_MAX_BLOCK_NUM]
     expected = (_HEADER_SIZE, _HEADER_SIZE + _BLOCK_SIZE * blocks)
-    found = (head[_BLOCK_META_OFFSET], head[_DATA_BUF_OFFSET])
+    found = (head[_BMO], head[_DATA_BUF_OFFSET])
     if blocks < 1 or found != expected:
         raise RingLayoutError(
             "the channel's ring header is not graphlearn-torch 0.2.4's layout "
@@ -363,10 +397,13 @@ class ThreadReceiver:
         channel: ChannelBase,
         workers: Sequence[BaseProcess],
         poll_ms: int,
+        reports: Any = None,
+        flag: Any = _NO_REPORT,
     ) -> None:
         self._channel = channel
         self._poll_ms = poll_ms
-        self._exits = _WorkerExits(workers)
+        self._flag = flag
+        self._exits = _WorkerExits(workers, reports)
         self.watches, self.ranks = self._exits.watches, self._exits.ranks
         self._ready_r, self._ready_w = os.pipe()
         self._exits.register(self._ready_r)
@@ -409,6 +446,8 @@ class ThreadReceiver:
             self._pending = True
             self._requests.release()
         while True:
+            if self._flag[0]:
+                self._exits.raise_report()
             if self._results:
                 ok, value = self._results.popleft()
                 self._pending = False

@@ -15,14 +15,16 @@ import datetime
 import logging
 import os
 import queue
+import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import attrs
 from graphlearn_torch.channel import ChannelBase
 
-from healthkit import BarrierBrokenError, BoundedBarrier
+from healthkit import BarrierBrokenError, BoundedBarrier, die_with_parent
 
 __all__ = [
     "SamplerFactory",
@@ -34,6 +36,7 @@ __all__ = [
     "init_sampling_worker",
     "narrow_rpc_timeout",
     "pass_init_barrier",
+    "report_sampling_error",
     "run_task_loop",
     "start_sampler",
     "teardown_sampling_worker",
@@ -152,6 +155,95 @@ class SamplingWorkerContext:
     error_dir: str | None = None
     extra: dict[str, Any] = attrs.field(factory=dict)
     send_lock: Any = None
+    parent_pid: int | None = None
+    reports: ErrorReports | None = None
+    failed: threading.Event = attrs.field(factory=threading.Event, init=False, eq=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {a.name: getattr(self, a.name) for a in attrs.fields(type(self)) if a.init}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+
+@attrs.define
+class ErrorReports:
+    """The producer's error channel: how a worker whose sampler raised tells the consumer.
+
+    ``conn`` is the write end of one pipe shared by the workers (``lock`` serialises the
+    writers), ``flag`` one shared byte set after a report is written, so the consumer sees it
+    between two batches with a single memory read. Nothing is sent while nothing fails.
+    """
+
+    conn: Any
+    lock: Any
+    flag: Any
+
+
+def _summary(e: BaseException) -> str:
+    """The exception's first line (``IndexError: index 702 is out of bounds ...``)."""
+    lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def report_sampling_error(ctx: SamplingWorkerContext, text: str, summary: str = "") -> bool:
+    """Send ``text`` (a traceback) to the consumer as this worker's sampling error;
+    ``summary`` (one line, e.g. the exception's type and message) heads the consumer's error.
+
+    Only the first error of a worker is sent; later ones are logged. The worker stops
+    issuing samples (``ctx.failed`` is set) and waits for the producer's teardown. Returns
+    whether it was sent. Safe from any thread (the sampler's event loop calls it).
+    """
+    first = not ctx.failed.is_set()
+    ctx.failed.set()
+    logger.error("sampling worker %d: sampling raised:\n%s", ctx.rank, text.rstrip())
+    reports = ctx.reports
+    if not first or reports is None:
+        return False
+    try:
+        with reports.lock:
+            reports.conn.send((ctx.rank, text, summary, time.time()))
+        reports.flag[0] = 1
+    except (OSError, ValueError):
+        return False  # the producer is gone or closing: nobody to tell
+    return True
+
+
+def _guard_sampler(ctx: SamplingWorkerContext, sampler: Any) -> None:
+    """Report what GLT's event loop would swallow.
+
+    GLT's ``DistNeighborSampler`` (and any sampler built on its ``ConcurrentEventLoop``,
+    e.g. GiGL's) runs each ``sample_from_*`` / ``subgraph`` as a coroutine through
+    ``add_task``, whose done-callback logs an exception and drops it: the worker stays
+    alive, no message is sent and the consumer would wait forever. The sampler's
+    ``add_task`` is wrapped on the instance so the coroutine and its callback report first.
+    """
+    add_task = getattr(sampler, "add_task", None)
+    if not callable(add_task):
+        return
+
+    async def reporting(coro: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            return await coro
+        except Exception as e:
+            report_sampling_error(ctx, traceback.format_exc(), _summary(e))
+            raise
+
+    def guarded_add_task(coro: Any, callback: Any = None) -> Any:
+        if callback is None:
+            return add_task(reporting(coro))
+
+        def reporting_callback(result: Any) -> Any:
+            try:
+                return callback(result)
+            except Exception as e:
+                report_sampling_error(ctx, traceback.format_exc(), _summary(e))
+                raise
+
+        return add_task(reporting(coro), reporting_callback)
+
+    sampler.add_task = guarded_add_task
 
 
 def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
@@ -215,6 +307,7 @@ def start_sampler(ctx: SamplingWorkerContext) -> Any:
         channel=channel,
         current_device=ctx.worker_options.worker_devices[ctx.rank],
     )
+    _guard_sampler(ctx, sampler)
     sampler.start_loop()
     return sampler
 
@@ -258,7 +351,12 @@ def pass_init_barrier(ctx: SamplingWorkerContext) -> float:
 
 
 def run_task_loop(ctx: SamplingWorkerContext, sampler: Any) -> None:
-    """GLT's command loop: ``SAMPLE_ALL`` one epoch's seeds, until ``STOP``."""
+    """GLT's command loop: ``SAMPLE_ALL`` one epoch's seeds, until ``STOP``.
+
+    A sampling call that raises (here, or in the sampler's event loop: see
+    :func:`start_sampler`) is reported to the consumer with :func:`report_sampling_error`;
+    the worker then issues no more samples and waits for ``STOP`` or the producer's SIGTERM.
+    """
     from graphlearn_torch.distributed.dist_sampling_producer import (
         MP_STATUS_CHECK_INTERVAL,
         MpCommand,
@@ -299,9 +397,18 @@ def run_task_loop(ctx: SamplingWorkerContext, sampler: Any) -> None:
             loader = DataLoader(
                 args, batch_size=cfg.batch_size, shuffle=False, drop_last=cfg.drop_last
             )
-        for index in loader:
-            sample(ctx.sampler_input[index])
-        sampler.wait_all()
+        if ctx.failed.is_set():
+            continue  # reported: the producer is tearing down
+        try:
+            for index in loader:
+                if ctx.failed.is_set():
+                    break
+                sample(ctx.sampler_input[index])
+            sampler.wait_all()
+        except Exception as e:
+            report_sampling_error(ctx, traceback.format_exc(), _summary(e))
+        if ctx.failed.is_set():
+            continue
         with ctx.sampling_completed_worker_count.get_lock():
             ctx.sampling_completed_worker_count.value += 1  # non-atomic: the lock is needed
 
@@ -318,12 +425,20 @@ def teardown_sampling_worker(sampler: Any) -> None:
 
 
 def default_worker_loop(ctx: SamplingWorkerContext) -> None:
-    """GLT's worker life with the healthkit guarantees (see the module docstring)."""
+    """GLT's worker life with the healthkit guarantees (see the module docstring).
+
+    An exception before the init barrier passed (a sampler factory that raises, a failed
+    ``init_rpc``) ends the worker at once, exit code 1, with its traceback left for the
+    parent: an orderly RPC shutdown first would delay the parent's report by seconds, and
+    let a peer die of the broken connection first and be reported as the cause.
+    """
     sampler = None
+    passed = False
     try:
         init_sampling_worker(ctx)
         sampler = start_sampler(ctx)
         pass_init_barrier(ctx)
+        passed = True
         run_task_loop(ctx, sampler)
     except BarrierBrokenError as e:
         # The parent already reports the failure (with this worker's state); exiting
@@ -331,6 +446,10 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
         logger.info("sampling worker %d: %s; tearing down", ctx.rank, e)
     except KeyboardInterrupt:
         pass  # the main process raises KeyboardInterrupt itself
+    except BaseException:
+        if not passed:
+            _exit_with_traceback(ctx)
+        raise
     finally:
         teardown_sampling_worker(sampler)
 
@@ -339,17 +458,41 @@ def error_file(error_dir: str, rank: int) -> str:
     return os.path.join(error_dir, f"worker-{rank}.err")
 
 
+def _write_traceback(ctx: SamplingWorkerContext) -> None:
+    if ctx.error_dir is not None:
+        try:
+            with open(error_file(ctx.error_dir, ctx.rank), "w") as f:
+                f.write(traceback.format_exc())
+        except OSError:
+            pass
+
+
+def _exit_with_traceback(ctx: SamplingWorkerContext) -> None:
+    """Leave the current exception's text for the parent and exit 1 now (no teardown)."""
+    _write_traceback(ctx)
+    traceback.print_exc()
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    os._exit(1)
+
+
 def _worker_entry(worker_loop: WorkerLoop, ctx: SamplingWorkerContext) -> None:
-    """The spawned process's target: stack dumps on, run the loop, leave the exception text
-    where the parent can quote it (an exit code alone says "1", not "what raised")."""
+    """The spawned process's target: die with the trainer, stack dumps on, run the loop,
+    leave the exception text where the parent can quote it (an exit code alone says "1",
+    not "what raised").
+
+    Why the parent-death signal first: nothing else tells a worker that its trainer was
+    SIGKILLed (OOM). Past the barrier it waits for commands or sits in ``send()`` forever,
+    reparented to init, holding memory and the ring; the kernel's SIGKILL ends it instead.
+    """
+    if ctx.parent_pid is not None:
+        die_with_parent(ctx.parent_pid)
     ctx.barrier.enable_stack_dumps()
     try:
         worker_loop(ctx)
     except BaseException:
-        if ctx.error_dir is not None:
-            try:
-                with open(error_file(ctx.error_dir, ctx.rank), "w") as f:
-                    f.write(traceback.format_exc())
-            except OSError:
-                pass
+        _write_traceback(ctx)
         raise

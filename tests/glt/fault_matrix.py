@@ -1,0 +1,110 @@
+"""The fault matrix of docs/benchmarks-glt.md: each fault run N times in its own process
+group on the current environment's graphlearn-torch, printed as a markdown table.
+
+    .venv-glt/bin/python tests/glt/fault_matrix.py 3     # GLT 0.2.4, torch 2.3
+    .venv-glt28/bin/python tests/glt/fault_matrix.py 3   # GLT from source, torch 2.8
+
+"Time" is from the fault (the SIGKILL, the worker's raise or report, the ``shutdown()``
+call) to the error reaching the caller (to the workers being gone for a killed trainer, to
+``shutdown()`` returning), teardown of the other workers included. "Left over" counts the
+processes of the run's group alive after it ended and the SysV segments its processes
+created that were still there (the runner removes them, so a failing run leaves nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glt_scenarios as sc
+
+
+def _scenario(name: str, args: list[str], time_key: str) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        r = sc.run_scenario(name, args, timeout=150)
+        res = r.results[-1] if r.results else {}
+        return {
+            "error": res.get("type", "none" if r.returncode == 0 else f"rc={r.returncode}"),
+            "time": res.get(time_key),
+            "procs": len(r.survivors) + len(res.get("children_left", [])),
+            "segments": len(r.leaked_segments) + len(res.get("segments_left", [])),
+            "hung": r.returncode is None,
+        }
+
+    return run
+
+
+def _trainer(phase: str) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        r = sc.sigkill_trainer(phase, watch_s=30.0)
+        gone = r.get("gone_after_s") or [None]
+        return {
+            "error": "(trainer gone)",
+            "time": max(gone) if None not in gone else None,
+            "procs": len(r.get("survivors", [])),
+            "segments": len(r.get("segments_left", [])) + len(r.get("dev_shm_left", [])),
+            "hung": "error" in r,
+        }
+
+    return run
+
+
+FAULTS: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+    ("worker SIGKILLed during init (0.5 s after spawn)",
+     _scenario("hk-init-sigkill", ["0.5"], "after_kill_s")),
+    ("worker SIGKILLed at the init barrier (arrived, peer 20 s late)",
+     _scenario("hk-init-sigkill-arrived", ["0.3"], "after_kill_s")),
+    ("sampler factory raises during init (worker 1)",
+     _scenario("hk-init-raise", [], "after_raise_s")),
+    ("worker SIGKILLed mid-epoch (after batch 1, consumer paused 0.5 s)",
+     _scenario("hk-epoch-sigkill", ["0.5", "0"], "after_kill_s")),
+    ("sampling error in a live worker: default sampler, feature lookup",
+     _scenario("hk-sampling-error", ["features"], "after_raise_s")),
+    ("sampling error in a live worker: custom factory, `_sample_from_nodes` raises",
+     _scenario("hk-sampling-error", ["nodes"], "after_raise_s")),
+    ("trainer SIGKILLed mid-epoch: until both workers are gone",
+     _trainer("epoch")),
+    ("trainer SIGKILLed during init (workers in bring-up): until both are gone",
+     _trainer("init")),
+    ("`shutdown()` during an epoch, workers parked in `send()` (stop_timeout 0.5 s)",
+     _scenario("hk-shutdown-mid-epoch", ["0.5"], "shutdown_s")),
+]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    runs = int(argv[0]) if argv else 3
+    import graphlearn_torch  # noqa: F401
+    import healthkit_glt as hg
+    import numpy
+    import torch
+
+    print(f"- Command: `{os.path.relpath(sys.executable)} tests/glt/fault_matrix.py {runs}`")
+    print(f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"- Software: graphlearn-torch {hg.glt_version()}, torch {torch.__version__}, "
+          f"numpy {numpy.__version__}, Python {platform.python_version()}, CPU only")  # fmt: skip
+    print()
+    print("| fault | error raised | time to it (median) | runs | processes left | segments left |")
+    print("|---|---|---|---|---|---|")
+    for name, fn in FAULTS:
+        results = [fn() for _ in range(runs)]
+        errors = sorted({r["error"] for r in results})
+        times = [r["time"] for r in results if r["time"] is not None]
+        med = f"{statistics.median(times):.2f} s" if times else "n/a"
+        each = ", ".join(f"{t:.2f}" for t in times)
+        hung = sum(r["hung"] for r in results)
+        err = ", ".join(f"`{e}`" if not e.startswith("(") else e for e in errors)
+        if hung:
+            err += f" ({hung} of {runs} runs hung)"
+        print(f"| {name} | {err} | {med} | {each} | {sum(r['procs'] for r in results)} | "
+              f"{sum(r['segments'] for r in results)} |", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
