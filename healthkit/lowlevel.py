@@ -1,12 +1,13 @@
 """The plumbing under the primitives, for integrations and for users who build their own.
 
 Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
-stack-dump opt-in, environment-variable readers and ``/proc`` readers.
+stack-dump opt-in, the one validator of timeouts and bounds (integrations use it too),
+environment-variable readers and ``/proc`` readers.
 """
 
 from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import OnCleanExit, Verdict, decide, stop_like
-from healthkit._errors import MAX_TIMEOUT_S
+from healthkit._errors import MAX_TIMEOUT_S, check_bound, check_timeout
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
@@ -19,6 +20,8 @@ __all__ = [
     "ProcStat",
     "STOP_SIGNALS",
     "Verdict",
+    "check_bound",
+    "check_timeout",
     "children",
     "decide",
     "descendants",

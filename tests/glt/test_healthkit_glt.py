@@ -127,8 +127,8 @@ def test_timeouts_default_to_600s_bring_up_k3_and_the_options_timeout_in_steady_
         )  # fmt: skip
     assert (plan.rpc_init_timeout, plan.init_bound_seconds) == (600.0, 1800.0)
     assert plan.steady_state_rpc_timeout == 30.0
-    assert isinstance(plan.init_bound, hk.EnvBound)
-    assert plan.init_bound.env_var == hg.RPC_INIT_TIMEOUT_ENV
+    assert plan.rpc_init_source == "default"
+    assert f"raise ${hg.RPC_INIT_TIMEOUT_ENV}" in plan.init_hint
 
 
 def test_env_vars_set_the_timeouts_and_arguments_override_them(
@@ -154,7 +154,7 @@ def test_bad_env_values_are_defaulted_with_a_warning_naming_the_variable(
 ) -> None:
     monkeypatch.setenv(hg.RPC_INIT_TIMEOUT_ENV, raw)
     monkeypatch.setenv(hg.STEADY_STATE_RPC_TIMEOUT_ENV, raw)
-    with pytest.warns(hk.EnvValueWarning) as record:
+    with pytest.warns(hk.lowlevel.EnvValueWarning) as record:
         plan = hg.resolve_timeouts(rpc_init_timeout=None, steady_state_rpc_timeout=None,
                                    init_timeout_multiplier=3, options_rpc_timeout=30)  # fmt: skip
     names = " ".join(str(w.message) for w in record)

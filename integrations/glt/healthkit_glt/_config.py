@@ -9,17 +9,16 @@ the barrier covers the whole bring-up (several RPC round trips plus process star
 one request.
 
 A bad environment value (``abc``, ``-1``, ``nan``, ``0``) never becomes a hang or a zero
-timeout: it is replaced by the default with an :class:`healthkit.EnvValueWarning` that names
-the variable (or rejected with :class:`healthkit.InvalidEnvValueError` in strict mode).
+timeout: it is replaced by the default with an :class:`healthkit.lowlevel.EnvValueWarning`
+that names the variable (or rejected with :class:`healthkit.InvalidEnvValueError` in strict
+mode).
 """
 
 from __future__ import annotations
 
-import math
-
 import attrs
 
-from healthkit import EnvBound, env_seconds, init_bound_from_env
+from healthkit.lowlevel import check_bound, env_seconds, read_env_seconds
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
@@ -42,12 +41,7 @@ DEFAULT_INIT_TIMEOUT_MULTIPLIER = 3.0  # k: init barrier bound = k x bring-up RP
 
 
 def _positive(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
-    return v
+    return check_bound(value, what)
 
 
 @attrs.frozen
@@ -57,14 +51,24 @@ class TimeoutPlan:
     rpc_init_timeout: float
     steady_state_rpc_timeout: float
     init_timeout_multiplier: float
-    init_bound: float | EnvBound  # what BoundedBarrier gets; an EnvBound names its env var
+    init_bound: float  # seconds: k x the bring-up RPC timeout
     rpc_init_source: str
     steady_state_source: str
 
     @property
     def init_bound_seconds(self) -> float:
-        b = self.init_bound
-        return b.seconds if isinstance(b, EnvBound) else b
+        return self.init_bound
+
+    @property
+    def init_hint(self) -> str:
+        """What to change when the init bound is too short for a healthy bring-up (the
+        barrier's timeout message says it once)."""
+        knob = (
+            "pass a larger rpc_init_timeout="
+            if self.rpc_init_source.startswith("argument")
+            else f"raise ${RPC_INIT_TIMEOUT_ENV} (or pass rpc_init_timeout=)"
+        )
+        return f"{knob}: the bound is {self.init_timeout_multiplier:g} x the bring-up RPC timeout"
 
     def describe(self) -> str:
         return (
@@ -90,16 +94,17 @@ def resolve_timeouts(
     GLT user's existing request timeout keeps its meaning in steady state.
     """
     k = _positive(init_timeout_multiplier, "init_timeout_multiplier")
-    bound: float | EnvBound
     if rpc_init_timeout is not None:
         init_s = _positive(rpc_init_timeout, "rpc_init_timeout")
-        bound, init_src = init_s * k, "argument rpc_init_timeout"
+        init_src = "argument rpc_init_timeout"
     else:
-        env_bound = init_bound_from_env(
-            RPC_INIT_TIMEOUT_ENV, DEFAULT_RPC_INIT_TIMEOUT_S, k, strict=strict_env
+        # The rule "k x $HEALTHKIT_GLT_RPC_INIT_TIMEOUT_SECONDS" is this integration's own; the
+        # core only checks that the product still fits what the OS can wait.
+        init_s, from_env = read_env_seconds(
+            RPC_INIT_TIMEOUT_ENV, DEFAULT_RPC_INIT_TIMEOUT_S, strict=strict_env, multiplier=k
         )
-        init_s, bound = env_bound.per_unit, env_bound
-        init_src = f"${RPC_INIT_TIMEOUT_ENV}" if env_bound.from_env else "default"
+        init_src = f"${RPC_INIT_TIMEOUT_ENV}" if from_env else "default"
+    bound = check_bound(init_s * k, "init barrier bound (rpc init timeout x multiplier)")
     if steady_state_rpc_timeout is not None:
         steady_s = _positive(steady_state_rpc_timeout, "steady_state_rpc_timeout")
         steady_src = "argument steady_state_rpc_timeout"

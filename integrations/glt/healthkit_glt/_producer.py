@@ -40,9 +40,7 @@ import os
 import queue
 import shutil
 import tempfile
-import time
 import weakref
-from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -59,11 +57,11 @@ from healthkit import (
     HealthkitError,
     ProcessDiedError,
     ProcessWatch,
+    stop,
 )
 from healthkit_glt._compat import RingSegment
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
-    RPC_INIT_TIMEOUT_ENV,
     TimeoutPlan,
     resolve_timeouts,
 )
@@ -140,24 +138,6 @@ def _register_atexit_once() -> None:
     if not _atexit_registered:
         _atexit_registered = True
         atexit.register(_shutdown_live_producers)
-
-
-def _join_all(workers: Sequence[BaseProcess], timeout: float) -> list[BaseProcess]:
-    """Join every worker within one shared deadline (not ``timeout`` each); the rest.
-
-    Liveness is read with ``is_alive()``, never ``exitcode``: reading ``exitcode`` reaps a
-    worker without dropping it from multiprocessing's list of children (``join()`` and
-    ``is_alive()`` do), which then keeps the Process, and the two pipe fds of its Popen,
-    until the next ``Process.start()``.
-    """
-    deadline = time.monotonic() + timeout
-    alive = [w for w in workers if w.pid is not None]
-    while True:
-        alive = [w for w in alive if w.is_alive()]
-        remaining = deadline - time.monotonic()
-        if not alive or remaining <= 0:
-            return alive
-        multiprocessing.connection.wait([w.sentinel for w in alive], remaining)
 
 
 class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
@@ -279,18 +259,13 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         else:
             unshuffled = [None] * self.num_workers
         plan = self.timeouts
-        hint = (
-            f"If bring-up is legitimately slow, raise the bring-up RPC timeout "
-            f"(argument rpc_init_timeout or ${RPC_INIT_TIMEOUT_ENV}); the bound is "
-            f"{plan.init_timeout_multiplier:g} x that."
-        )
         self._init_barrier = bb = BoundedBarrier(
             self.num_workers,
             timeout=plan.init_bound,
+            hint=plan.init_hint,
             ctx=self._ctx,
             name="GLT sampling worker init barrier",
             worker_label="sampling worker",
-            hint=hint,
             # A worker that arrived and then died is reported after this grace (it might
             # have passed just before dying), and the barrier's abort is joined this long:
             # the 1 s default made a post-barrier death take 2 s to report.
@@ -375,7 +350,6 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             elapsed=e.elapsed,
             bound=e.bound,
             parties=e.parties,
-            env_var=e.env_var,
         )
 
     def _worker_traceback(self, rank: int) -> str:
@@ -484,38 +458,28 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if receiver is not None:
             receiver.stop()
         workers = list(self._workers)
-        alive = workers  # until the joins below say otherwise
+        alive = workers  # until the stop below says otherwise
         try:
-            if send_stop:
+
+            def send_stop_commands() -> None:
                 for q in self._task_queues:
                     with contextlib.suppress(queue.Full, ValueError, OSError):
                         q.put_nowait((MpCommand.STOP, None))
-            alive = _join_all(workers, stop_grace)
-            if alive:
-                # A warning when STOP was sent and not obeyed in time: the workers then
-                # exit 0 through torch's SIGTERM handler, and only this line tells.
-                # Without STOP (a failure's teardown) SIGTERM is the plan, not an escalation.
-                log = logger.warning if send_stop else logger.debug
-                log(
-                    "sampling workers %s did not stop within %gs of STOP; SIGTERM (kill "
-                    "timeout %gs)",
-                    [w.pid for w in alive], stop_grace, self.kill_timeout,
-                )  # fmt: skip
-                for w in alive:
-                    with contextlib.suppress(Exception):
-                        w.terminate()
-                alive = _join_all(alive, self.kill_timeout)
-            if alive:
-                logger.warning(
-                    "sampling workers %s ignored SIGTERM for %gs; SIGKILL",
-                    [w.pid for w in alive], self.kill_timeout,
-                )  # fmt: skip
-                for w in alive:
-                    with contextlib.suppress(Exception):
-                        w.kill()
-                alive = _join_all(alive, self.kill_timeout)
-            if alive:
-                logger.error("sampling workers %s alive after SIGKILL", [w.pid for w in alive])
+
+            # The product's one ladder: STOP, then SIGTERM, then SIGKILL, one deadline. A
+            # STOP not obeyed in time is logged at WARNING (the workers then exit 0 through
+            # torch's SIGTERM handler, and only that line tells); without STOP (a failure's
+            # teardown) SIGTERM after the grace is the plan, not an escalation.
+            report = stop(
+                workers,
+                request=send_stop_commands if send_stop else None,
+                grace=stop_grace,
+                term_timeout=self.kill_timeout,
+                kill_timeout=self.kill_timeout,
+                name="sampling workers",
+                log=logger,
+            )
+            alive = [w for w in workers if w.pid in report.survivors]
         finally:
             for q in self._task_queues:
                 with contextlib.suppress(Exception):

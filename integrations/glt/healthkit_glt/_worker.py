@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import attrs
 from graphlearn_torch.channel import ChannelBase
 
-from healthkit import BarrierBrokenError, BoundedBarrier, die_with_parent
+from healthkit import BarrierBrokenError, BoundedBarrier
+from healthkit.lowlevel import die_with_parent
 
 __all__ = [
     "SamplerFactory",
