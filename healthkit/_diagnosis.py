@@ -22,6 +22,7 @@ from healthkit._evidence import (
 from healthkit._stacks import signalled_by_us
 from healthkit._watch import (
     UNKNOWN_NOT_PERMITTED,
+    UNKNOWN_REAPED_ELSEWHERE,
     UNKNOWN_SIGCHLD_IGNORED,
     ExitStatus,
     ProcessWatch,
@@ -230,6 +231,16 @@ class ExitDiagnoser:
             return make(Cause.STILL_RUNNING, "is still running")
         rc = status.returncode
         if rc is None:
+            if status.source == UNKNOWN_REAPED_ELSEWHERE:
+                return make(
+                    Cause.UNKNOWN,
+                    "exited with an unknown status",
+                    "it is this process's child, and something else reaped it (Popen.wait(), "
+                    "os.waitpid) before its exit status could be read",
+                    "Watch the Popen or Process object instead of its pid: healthkit then "
+                    "takes the code from it",
+                    evidence=(f"source: {status.source}",),
+                )
             if status.source == UNKNOWN_SIGCHLD_IGNORED:
                 return make(
                     Cause.UNKNOWN,

@@ -105,6 +105,9 @@ def _status_from_siginfo(info: os.waitid_result, source: str) -> ExitStatus:
 
 #: ``ExitStatus.source`` when a non-child's zombie hides its exit code from us.
 UNKNOWN_NOT_PERMITTED: Final = "unknown: not permitted to read another user's exit status"
+#: ``ExitStatus.source`` when our own child was reaped by someone else (``Popen.wait()``,
+#: ``os.waitpid``) before its status could be read, with no owner object to ask.
+UNKNOWN_REAPED_ELSEWHERE: Final = "unknown: our child, reaped elsewhere before it was read"
 #: ``ExitStatus.source`` when the kernel discarded a child's status (SIGCHLD ignored).
 UNKNOWN_SIGCHLD_IGNORED: Final = "unknown: SIGCHLD is ignored in this process"
 
@@ -532,7 +535,9 @@ class ProcessWatch:
             code = self._wait_owner_returncode()
             if code is not None:
                 return ExitStatus(code, "owner")
-            return ExitStatus(None, UNKNOWN_SIGCHLD_IGNORED if sigchld_ignored() else "unknown")
+            return ExitStatus(
+                None, UNKNOWN_SIGCHLD_IGNORED if sigchld_ignored() else UNKNOWN_REAPED_ELSEWHERE
+            )
         return _status_from_siginfo(info, "waitid")  # the zombie stays for its owner
 
     def _status_from_zombie(self) -> ExitStatus:

@@ -644,3 +644,20 @@ def test_python_child_helpers_are_importable_in_a_fresh_interpreter() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert sys.path[0] == helpers.HERE or helpers.HERE in sys.path
+
+
+@pytest.mark.timeout(30)
+def test_a_child_watched_by_pid_and_reaped_by_its_popen_is_unknown_and_says_so(
+    diagnoser: ExitDiagnoser,
+) -> None:
+    """Popen.wait() keeps its real code (the watch never reaps), and the watch, which has no
+    owner object to ask, says who took the status and what to watch instead."""
+    popen = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+    with ProcessWatch(popen.pid) as watch:
+        os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOWAIT)  # a zombie now, not reaped
+        assert popen.wait(10) == 7
+        status = watch.wait(10)
+        assert status is not None and status.returncode is None
+        d = diagnoser.diagnose(watch)
+    assert d.cause is Cause.UNKNOWN
+    assert "something else reaped it" in str(d) and "Watch the Popen or Process" in str(d)
