@@ -218,14 +218,15 @@ def test_teardown_joins_a_worker_already_reaped_so_no_fd_outlives_the_producer()
     import multiprocessing as mp
     import multiprocessing.process
 
-    from healthkit_glt._producer import _join_all
+    import healthkit
 
     worker = mp.get_context("spawn").Process(target=time.sleep, args=(0,))
     worker.start()
     os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
     assert worker.exitcode == 0  # reaped here, but still listed as a child
     assert worker in multiprocessing.process._children
-    assert _join_all([worker], 5.0) == []
+    report = healthkit.stop([worker], grace=5.0)  # the ladder the producer's teardown uses
+    assert report.survivors == () and not report.terminated
     assert worker not in multiprocessing.process._children
     del worker  # its fds close now; the leak check verifies it
 
@@ -865,7 +866,7 @@ def test_shutdown_during_an_epoch_logs_its_escalation_at_warning_and_releases_th
     assert run.returncode == 0, run.output
     r = run.result
     assert "WARNING healthkit_glt: sampling workers" in run.output
-    assert "did not stop within 0.5s of STOP; SIGTERM" in run.output
+    assert "did not end within 0.5s of the stop request; sending SIGTERM" in run.output
     assert r["worker_exit_codes"] == [0, 0]
     assert r["shutdown_s"] < 0.5 + 5.0 + 2.0
     assert r["segments_left"] == [] and r["children_left"] == []
