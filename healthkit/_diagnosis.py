@@ -119,6 +119,33 @@ class Diagnosis:
         return line
 
 
+# Why an exit status is unknown, by ``ExitStatus.source``: (likely cause, what to change).
+_UNKNOWN_STATUS: dict[str, tuple[str, str]] = {
+    UNKNOWN_REAPED_ELSEWHERE: (
+        "it is this process's child, and something else reaped it (Popen.wait(), os.waitpid) "
+        "before its exit status could be read",
+        "Watch the Popen or Process object instead of its pid: healthkit then takes the code "
+        "from it",
+    ),
+    UNKNOWN_SIGCHLD_IGNORED: (
+        "SIGCHLD is set to SIG_IGN in this process, so the kernel reaped it at once and "
+        "discarded its exit status (multiprocessing and subprocess cannot read it either)",
+        "Restore the default SIGCHLD disposition (signal.signal(signal.SIGCHLD, "
+        "signal.SIG_DFL)) to get exit codes",
+    ),
+    UNKNOWN_NOT_PERMITTED: (
+        "it is not this process's child and belongs to another user; the kernel shows its "
+        "exit status only to its parent, its user or a process with CAP_SYS_PTRACE",
+        "Watch it from its parent process, or as the same user, to get the exit code",
+    ),
+    "": (
+        "it is not this process's child and its parent reaped it before its exit status "
+        "could be read",
+        "Watch it from its parent process to get the exit code",
+    ),
+}
+
+
 class ExitDiagnoser:
     """Explains exits, with OOM evidence taken relative to a baseline read at construction.
 
@@ -231,44 +258,12 @@ class ExitDiagnoser:
             return make(Cause.STILL_RUNNING, "is still running")
         rc = status.returncode
         if rc is None:
-            if status.source == UNKNOWN_REAPED_ELSEWHERE:
-                return make(
-                    Cause.UNKNOWN,
-                    "exited with an unknown status",
-                    "it is this process's child, and something else reaped it (Popen.wait(), "
-                    "os.waitpid) before its exit status could be read",
-                    "Watch the Popen or Process object instead of its pid: healthkit then "
-                    "takes the code from it",
-                    evidence=(f"source: {status.source}",),
-                )
-            if status.source == UNKNOWN_SIGCHLD_IGNORED:
-                return make(
-                    Cause.UNKNOWN,
-                    "exited with an unknown status",
-                    "SIGCHLD is set to SIG_IGN in this process, so the kernel reaped it at "
-                    "once and discarded its exit status (multiprocessing and subprocess "
-                    "cannot read it either)",
-                    "Restore the default SIGCHLD disposition (signal.signal(signal.SIGCHLD, "
-                    "signal.SIG_DFL)) to get exit codes",
-                    evidence=(f"source: {status.source}",),
-                )
-            if status.source == UNKNOWN_NOT_PERMITTED:
-                return make(
-                    Cause.UNKNOWN,
-                    "exited with an unknown status",
-                    "it is not this process's child and belongs to another user; the kernel "
-                    "shows its exit status only to its parent, its user or a process with "
-                    "CAP_SYS_PTRACE",
-                    "Watch it from its parent process, or as the same user, to get the "
-                    "exit code",
-                    evidence=(f"source: {status.source}",),
-                )
+            likely, hint = _UNKNOWN_STATUS.get(status.source, _UNKNOWN_STATUS[""])
             return make(
                 Cause.UNKNOWN,
                 "exited with an unknown status",
-                "it is not this process's child and its parent reaped it before its exit "
-                "status could be read",
-                "Watch it from its parent process to get the exit code",
+                likely,
+                hint,
                 evidence=(f"source: {status.source}",),
             )
         if rc == 0:
