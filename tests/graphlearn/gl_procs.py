@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from linereader import LineReader
 
 import healthkit as hk
 
@@ -83,51 +82,6 @@ def reap(watches: dict[int, hk.ProcessWatch], wait: float = 10.0) -> list[int]:
                 w.wait(10)
     watches.clear()
     return strays
-
-
-class LineReader:
-    """Read a pipe line by line with a deadline (``readline()`` alone can block forever)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._fd = stream.fileno()
-        self._buf = b""
-        self.lines: list[str] = []
-        self.eof = False
-
-    def until(self, pattern: str, timeout: float) -> re.Match[str] | None:
-        """The first match in the lines read so far or arriving within ``timeout`` s."""
-        rx = re.compile(pattern)
-        seen = 0
-        for line in self.lines:
-            seen += 1
-            m = rx.search(line)
-            if m:
-                return m
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._fd, selectors.EVENT_READ)
-            while not self.eof:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sel.select(remaining):
-                    return None
-                chunk = os.read(self._fd, 65536)
-                if not chunk:
-                    self.eof = True
-                    chunk = b"\n"
-                self._buf += chunk
-                *done, self._buf = self._buf.split(b"\n")
-                self.lines += [raw.decode(errors="replace") for raw in done]
-                for line in self.lines[seen:]:
-                    seen += 1
-                    m = rx.search(line)
-                    if m:
-                        return m
-        return None
-
-    def rest(self) -> str:
-        while not self.eof:
-            self.until(r"(?!x)x", 30)  # drain to EOF (the process has ended)
-        return "\n".join(self.lines)
 
 
 class Owner:

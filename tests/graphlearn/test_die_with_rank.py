@@ -12,7 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from gl_procs import LineReader, descendants
+from gl_procs import descendants
+from linereader import LineReader
 
 import healthkit as hk
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import healthkit_graphlearn as hkgl
 import pytest
-from gl_procs import SIDECAR_MARK, LineReader, alarms, descendants, open_watch
+from gl_procs import SIDECAR_MARK, alarms, descendants, open_watch
+from linereader import LineReader
 
 import healthkit as hk
 

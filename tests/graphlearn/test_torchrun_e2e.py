@@ -15,7 +15,8 @@ from pathlib import Path
 
 import healthkit_graphlearn as hkgl
 import pytest
-from gl_procs import EXAMPLE, LineReader, alarms
+from gl_procs import EXAMPLE, alarms
+from linereader import LineReader
 
 pytestmark = pytest.mark.graphlearn
 pytest.importorskip("torch")

@@ -40,7 +40,10 @@ def main() -> None:
     server.start()
     hk.DisarmableWatchdog([server], mode=args.mode).arm()
     dist.barrier()
-    print(f"HELPER {dist.get_rank()} {server.pid}", flush=True)
+    # One write per line: the ranks share torchrun's stdout, and print() writes the text and its
+    # newline separately, so two ranks' lines could interleave into one.
+    sys.stdout.write(f"HELPER {dist.get_rank()} {server.pid}\n")
+    sys.stdout.flush()
     while True:
         queue.get()  # a training step that feeds on the helper
 

@@ -5,7 +5,6 @@ checkpoints in its handler. No rank may fire, and no error file may blame a help
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from linereader import LineReader
 
 pytest.importorskip("torch")
 
@@ -43,32 +43,29 @@ def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str,
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
-    assert proc.stdout is not None
-    lines: list[str] = []
-    helpers: list[int] = []
-    deadline = time.monotonic() + 120
-    while len(helpers) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"HELPER \d+ (\d+)", line)
-        if m:
-            helpers.append(int(m.group(1)))
+    out = LineReader(proc.stdout)
+    helpers = [int(m.group(1)) for m in out.matches(r"HELPER \d+ (\d+)", 2, timeout=120)]
     try:
-        assert len(helpers) == 2, "".join(lines)
+        assert len(helpers) == 2, "\n".join(out.lines)
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)  # stop the job: the agent SIGTERMs every worker group
-        out, _ = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
-            proc.communicate()
+            proc.wait()
         hk.stop(helpers, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
-    return proc.returncode, "".join(lines) + out, helpers
+        text = out.rest()
+        proc.stdout.close()
+    return proc.returncode, text, helpers
 
 
-@pytest.mark.timeout(3600)
+def _timeout() -> float:
+    """Five minutes per run: a run takes about 15 s, so only a hang comes near it."""
+    return 300.0 * int(os.environ.get("HEALTHKIT_SOAK_TORCHRUN_RUNS", "1"))
+
+
+@pytest.mark.timeout(_timeout())
 @pytest.mark.parametrize(("mode", "start_method"), [("thread", "fork"), ("sidecar", "spawn")])
 def test_torchrun_stopping_a_healthy_job_fires_nothing(
     mode: str, start_method: str, tmp_path: Path

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from linereader import LineReader
 
 pytest.importorskip("torch")
 
@@ -30,8 +31,14 @@ def free_port() -> int:
 class Launch:
     """torchrun in its own session, so everything it started can be stopped as a group."""
 
-    def __init__(self, *args: str, nnodes: int = 1, nproc: int = 2, port: int | None = None,
-                 run_id: str = "hk") -> None:
+    def __init__(
+        self,
+        *args: str,
+        nnodes: int = 1,
+        nproc: int = 2,
+        port: int | None = None,
+        run_id: str = "hk",
+    ) -> None:
         port = port or free_port()
         self.cmd = [
             sys.executable, "-m", "torch.distributed.run",
@@ -47,32 +54,24 @@ class Launch:
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
         )
-        self.lines: list[str] = []
+        self.out = LineReader(self.proc.stdout)
 
     def wait_for_helper(self, timeout: float = 120) -> int:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            m = re.search(r"HELPER (\d+)", line)
-            if m:
-                return int(m.group(1))
-        raise AssertionError("the job never started its helper:\n" + "".join(self.lines))
+        m = self.out.until(r"HELPER (\d+)", timeout)
+        if m is None:
+            raise AssertionError("the job never started its helper:\n" + "\n".join(self.out.lines))
+        return int(m.group(1))
 
     def finish(self, timeout: float) -> tuple[int, str, float]:
         start = time.monotonic()
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
-            out, _ = self.proc.communicate()
-            raise
+            self.proc.wait(timeout=timeout)
         finally:
             self.reap_group()
-        return self.proc.returncode, "".join(self.lines) + out, time.monotonic() - start
+            text = self.out.rest()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        return self.proc.returncode, text, time.monotonic() - start
 
     def reap_group(self) -> None:
         try:
