@@ -13,8 +13,6 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
-import select
-import selectors
 import shutil
 import tempfile
 import threading
@@ -37,7 +35,7 @@ from healthkit._errors import (
 )
 from healthkit._proc import read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
-from healthkit._watch import ProcessWatch
+from healthkit._watch import ProcessWatch, WatchSet
 
 __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
 
@@ -119,8 +117,8 @@ def _race(
     at once, ``inf`` ignores that death. The thread may stay blocked (that is the point);
     the caller decides what to do with it.
     """
-    r, w = os.pipe()
     result: list[BaseException | None] = []
+    waits = WatchSet(watches)
 
     def run() -> None:
         try:
@@ -129,55 +127,38 @@ def _race(
         except BaseException as e:
             result.append(e)
         finally:
-            try:
-                os.write(w, b"x")
-            except OSError:
-                pass
+            waits.wake()  # safe after close(): the thread may outlive this race
 
     def finished() -> _Outcome:
         err = result[0]
         return _Outcome("passed") if err is None else _Outcome("broken", err)
 
+    def left() -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
     thread = threading.Thread(target=run, name=thread_name, daemon=True)
-    thread.start()
-    sel = selectors.DefaultSelector()
-    sel.register(r, selectors.EVENT_READ, None)
-    for watch in watches:
-        sel.register(watch.fileno(), selectors.EVENT_READ, watch)
-    try:
+    with waits:
+        thread.start()
         while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = left()
+            if result:
+                return finished(), thread
             if remaining is not None and remaining <= 0:
                 return _Outcome("deadline"), thread
-            events = sel.select(remaining)
-            if any(key.data is None for key, _ in events):
+            ended = waits.wait(remaining)
+            if result:
                 return finished(), thread
             grace, failing = 0.0, False
-            for key, _ in events:
-                if key.data.poll() is None:
-                    continue
-                wait = settle(key.data) if settle is not None else 0.0
-                if wait == float("inf"):
-                    sel.unregister(key.fileobj)
-                    continue
-                grace, failing = max(grace, wait), True
+            for watch in ended:
+                wait = settle(watch) if settle is not None else 0.0
+                waits.remove(watch)  # seen: a later wait() must not return it again
+                if wait != float("inf"):
+                    grace, failing = max(grace, wait), True
             if failing:
-                if grace > 0 and select.select([r], [], [], grace)[0]:
-                    return finished(), thread
-                return _Outcome("died"), thread
-    finally:
-        sel.close()
-        os.close(r)
-        if thread.is_alive():
-            # The write end stays with the thread until it ends (it may never).
-            threading.Thread(target=_close_when_done, args=(thread, w), daemon=True).start()
-        else:
-            os.close(w)
-
-
-def _close_when_done(thread: threading.Thread, fd: int) -> None:
-    thread.join()
-    os.close(fd)
+                settled_by = time.monotonic() + grace
+                while not result and (rest := settled_by - time.monotonic()) > 0:
+                    waits.wait(rest)  # the call's end wakes it; another death changes nothing
+                return (finished() if result else _Outcome("died")), thread
 
 
 class BoundedBarrier:

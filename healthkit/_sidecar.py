@@ -39,7 +39,6 @@ import contextlib
 import json
 import logging
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -60,7 +59,7 @@ from healthkit._diagnosis import ExitDiagnoser, returned_early
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._proc import read_proc_stat
 from healthkit._stop import stop, watch_tree
-from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
+from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
 
 __all__ = ["SidecarError", "SidecarLink"]
 
@@ -300,9 +299,10 @@ class _Sidecar:
         self.stopping = False
         self.done = False  # disarmed, end-of-file or owner gone
         self.owner_status: dict[int, ExitStatus] = {}
-        self.watched: dict[int, _Watched] = {}  # fd -> entry
+        self.watched: dict[int, _Watched] = {}  # id(watch) -> entry
+        self.pending: list[_Watched] = []  # deaths seen, not yet decided on
         self.config: dict[str, Any] = {}
-        self.sel = selectors.DefaultSelector()
+        self.waits = WatchSet()
         self.diagnoser: ExitDiagnoser | None = None
         self.owner: ProcessWatch | None = None
 
@@ -316,45 +316,43 @@ class _Sidecar:
         return [json.loads(line) for line in lines if line]
 
     def pump(self, until: Callable[[], bool], timeout: float) -> None:
-        """Handle control messages and stop bytes (not deaths) until ``until()`` or timeout."""
+        """Handle control messages and stop bytes until ``until()`` or timeout; deaths seen
+        meanwhile wait in :attr:`pending`."""
         deadline = time.monotonic() + timeout
         while not until() and not self.done:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            for key, _ in self.sel.select(remaining):
-                if key.data in ("owner", "control", "stop"):
-                    self.handle(key)
+            self.note_deaths(self.waits.wait(remaining))
 
-    def handle(self, key: selectors.SelectorKey) -> int | None:
-        """One ready fd. Returns an exit code when the sidecar should end."""
-        if key.data == "owner":
-            self.done = True  # the owner is gone: nothing left to protect
-            return 0
-        if key.data == "stop":
-            self.drain_stop()
-            return None
-        if key.data == "control":
-            msgs = self.read_messages()
-            if msgs is None:
-                self.done = True
-                return 0
-            for msg in msgs:
-                code = self.on_message(msg)
-                if code is not None:
-                    return code
-            return None
-        return self.on_death(self.watched[key.fd])
+    def note_deaths(self, ended: list[ProcessWatch]) -> None:
+        for watch in ended:
+            self.waits.remove(watch)  # level-triggered: seen once is enough
+            if watch is self.owner:
+                self.done = True  # the owner is gone: nothing left to protect
+            else:
+                self.pending.append(self.watched[id(watch)])
+
+    def on_control(self) -> None:
+        msgs = self.read_messages()
+        if msgs is None:
+            self.done = True  # the owner closed the link
+        for msg in msgs or ():
+            self.on_message(msg)
+            if self.done:
+                break
+        self.waits.wake()  # a pump waits for what a message says
 
     def drain_stop(self) -> None:
         assert self.stop_fd is not None
+        self.waits.wake()
         while True:
             try:
                 data = os.read(self.stop_fd, 4096)
             except OSError:
                 return
             if not data:
-                self.sel.unregister(self.stop_fd)
+                self.waits.remove_fd(self.stop_fd)
                 self.stop_fd = None
                 return
             stops = [b for b in data if b in _stopsignals.STOP_SIGNALS]
@@ -364,12 +362,11 @@ class _Sidecar:
                 with contextlib.suppress(OSError):
                     self.sock.sendall(b"stopping %d\n" % stops[0])
 
-    def on_message(self, msg: dict[str, Any]) -> int | None:
+    def on_message(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
         if op == "disarm":
             self.done = True
-            return 0
-        if op == "stopping":
+        elif op == "stopping":
             self.stopping = True
         elif op == "status":
             self.owner_status[msg["pid"]] = ExitStatus(msg["returncode"], msg["source"])
@@ -377,8 +374,7 @@ class _Sidecar:
             entry = self.open(msg)
             self.sock.sendall(b"watching\n")
             if entry.watch is None:
-                return self.on_death(entry)
-        return None
+                self.pending.append(entry)
 
     def open(self, msg: dict[str, Any]) -> _Watched:
         if msg["ended"]:
@@ -394,8 +390,8 @@ class _Sidecar:
             watch.close()  # the pid now names another process: ours died already
             return _Watched(None, msg, None)
         entry = _Watched(watch, msg, None)
-        self.watched[watch.fileno()] = entry
-        self.sel.register(watch.fileno(), selectors.EVENT_READ, "watch")
+        self.watched[id(watch)] = entry
+        self.waits.add(watch)
         return entry
 
     # ---- deciding
@@ -416,8 +412,8 @@ class _Sidecar:
         status = entry.status
         if entry.watch is not None:
             status = entry.watch.poll()
-            self.sel.unregister(entry.watch.fileno())
-            del self.watched[entry.watch.fileno()]
+            self.waits.remove(entry.watch)
+            del self.watched[id(entry.watch)]
         if status is None or (
             status.returncode is None and status.source != UNKNOWN_NOT_PERMITTED
         ):
@@ -509,17 +505,21 @@ class _Sidecar:
         except NoSuchProcessError:
             return 0
         self.diagnoser = ExitDiagnoser()
-        self.sel.register(self.sock, selectors.EVENT_READ, "control")
-        self.sel.register(self.owner.fileno(), selectors.EVENT_READ, "owner")
+        self.waits.add_fd(self.sock.fileno(), self.on_control)
+        self.waits.add(self.owner)
         if self.stop_fd is not None:
             os.set_blocking(self.stop_fd, False)
-            self.sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
+            self.waits.add_fd(self.stop_fd, self.drain_stop)
         self.sock.sendall(b"ready\n")
-        while True:
-            for key, _ in self.sel.select():
-                code = self.handle(key)
-                if code is not None or self.done:
-                    return code or 0
+        with self.waits:
+            while True:
+                while self.pending and not self.done:
+                    code = self.on_death(self.pending.pop(0))
+                    if code is not None:
+                        return code
+                if self.done:
+                    return 0
+                self.note_deaths(self.waits.wait())
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -545,14 +544,15 @@ def _wait_for_stop(grace: float) -> bool:
     """
     deadline = time.monotonic() + grace
     fd = _stopsignals.read_fd()
-    while _stopsignals.stop_seen() is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        if fd is None:
-            time.sleep(min(remaining, 0.01))
-        else:
-            select.select([fd], [], [], min(remaining, 0.05))
+    with WatchSet() as waits:
+        if fd is not None:
+            waits.add_fd(fd, waits.wake)  # stop_seen() drains the pipe
+        while _stopsignals.stop_seen() is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # Capped: a stop learned from a sidecar's message (a stop source) wakes nothing.
+            waits.wait(min(remaining, 0.05 if fd is not None else 0.01))
     return True
 
 
