@@ -674,6 +674,19 @@ class WatchSet:
     def closed(self) -> bool:
         return self._closed
 
+    def fileno(self) -> int:
+        """An fd (the epoll instance) that is readable whenever a watch in the set has ended,
+        a plain fd is readable, or :meth:`wake` was called.
+
+        For waiting from another loop: register it with ``asyncio``'s ``add_reader`` or a
+        bare ``poll()``, then call ``wait(0)`` to collect what happened. A hot loop that
+        wakes every millisecond pays one ``poll()`` on one fd, however many watches there
+        are. Invalid after :meth:`close`.
+        """
+        with self._lock:
+            self._check_open()
+            return self._selector.fileno()
+
     def wake(self) -> None:
         """Make a blocked :meth:`wait` return now (from any thread or a signal handler).
 

@@ -299,3 +299,37 @@ def test_watches_of_every_kind_share_one_set() -> None:
             p.join(30)
             p.close()
         popen.wait(30)
+
+
+@pytest.mark.timeout(30)
+def test_fileno_is_readable_exactly_when_wait_has_something() -> None:
+    """The epoll fd lets another loop wait on the set: quiet while every process runs and
+    nothing was woken; readable after a death, a plain fd's data or wake(); wait(0) then
+    collects it."""
+    import select
+
+    with sleepers(2) as procs, WatchSet(w for _, w in procs) as ws:
+        poller = select.poll()
+        poller.register(ws.fileno(), select.POLLIN)
+        assert poller.poll(100) == []  # every process runs: not readable
+        ws.wake()
+        assert poller.poll(5000) != []
+        assert ws.wait(0) == []  # the wake-up, consumed
+        assert poller.poll(100) == []
+        r, w = os.pipe()
+        seen: list[bytes] = []
+        try:
+            ws.add_fd(r, lambda: seen.append(os.read(r, 64)))
+            os.write(w, b"x")
+            assert poller.poll(5000) != []
+            assert ws.wait(0) == [] and seen == [b"x"]
+            assert poller.poll(100) == []
+            ws.remove_fd(r)
+        finally:
+            os.close(r)
+            os.close(w)
+        procs[0][1].kill()
+        assert poller.poll(5000) != []
+        assert ws.wait(0) == [procs[0][1]]
+    with pytest.raises(WatchClosedError):
+        ws.fileno()

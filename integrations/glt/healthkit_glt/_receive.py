@@ -11,13 +11,13 @@ Two receivers, one interface (:class:`Receiver`):
 - :class:`RingReceiver` (GLT's ``ShmChannel``, the default): reads the ring's header in
   shared memory, read-only, and calls ``recv()`` only when the next block is already written
   (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
-  ``poll()`` on the workers' pidfds, 1 ms at a time (GLT's own cadence), so a death ends the
-  wait at once. No thread, no hand-off: each check is two memory reads.
+  ``poll()`` on a WatchSet of the workers' pidfds, 1 ms at a time (GLT's own cadence), so a
+  death ends the wait at once. No thread, no hand-off: each check is two memory reads.
 - :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
   below): a helper thread does the blocking ``recv()`` and hands the message over through a
-  pipe, and the caller polls that pipe and the pidfds. It costs a thread hand-off per batch,
-  and when a dead worker had claimed a block the thread stays blocked in C++ for good; the
-  channel's segment is then marked for removal so it does not outlive the process.
+  pipe, and the caller waits on that pipe and the pidfds (one WatchSet). It costs a thread
+  hand-off per batch, and when a dead worker had claimed a block the thread stays blocked in
+  C++ for good; the channel's segment is then marked for removal so it does not outlive the process.
 
 The ring layout is GLT 0.2.4's ``ShmQueueMeta`` (``graphlearn_torch/include/shm_queue.h``).
 It is never assumed: GLT stores its own offsets in the header (where the block table and the
@@ -34,13 +34,13 @@ import os
 import select
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal, Protocol
 
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
-from healthkit import ProcessWatch
+from healthkit import ProcessWatch, WatchSet
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
 from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
 from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET
@@ -134,10 +134,11 @@ class Receiver(Protocol):
 
 
 class _WorkerExits:
-    """One ``poll()`` set over the workers' pidfds (plus any extra fds of a receiver).
+    """The workers' watches in one :class:`healthkit.WatchSet`, plus a receiver's own fds.
 
-    A bare ``poll()`` on a fixed fd set, not :class:`healthkit.WatchSet`: it runs once per
-    batch (once per millisecond while waiting), and the fd set never changes.
+    Receivers wait on the set's epoll fd with a bare ``poll()`` (:attr:`poll`): once per
+    batch, and once per millisecond while the ring is empty, so each wake is one call on one
+    fd however many workers there are. :meth:`ended` then asks the set what happened.
     """
 
     def __init__(self, workers: Sequence[BaseProcess], reports: Any = None) -> None:
@@ -145,29 +146,31 @@ class _WorkerExits:
             ProcessWatch(w, name=f"sampling worker {rank}") for rank, w in enumerate(workers)
         ]
         self.ranks = {id(w): rank for rank, w in enumerate(self.watches)}
-        self._by_fd = {w.fileno(): w for w in self.watches}
-        self._poller = select.poll()
-        for fd in self._by_fd:
-            self._poller.register(fd, select.POLLIN)
-        self.poll = self._poller.poll
+        self._set = WatchSet(self.watches)
+        poller = select.poll()
+        poller.register(self._set.fileno(), select.POLLIN)
+        self.poll = poller.poll
         # The workers' error reports (a pipe's read end), if the producer has one.
         self._reports = reports
-        self._reports_fd = -1
+        self._report_ready = False
         if reports is not None:
-            self._reports_fd = reports.fileno()
-            self.register(self._reports_fd)
+            self._set.add_fd(reports.fileno(), self._note_report)
 
-    def register(self, fd: int) -> None:
-        self._poller.register(fd, select.POLLIN)
+    def _note_report(self) -> None:
+        self._report_ready = True  # read (and raised) by ended(), after the set's wait
 
-    def ended(self, events: list[tuple[int, int]]) -> list[ProcessWatch]:
-        """The watches among ``events`` whose worker has ended (other fds are skipped);
+    def add_fd(self, fd: int, on_ready: Callable[[], None] = lambda: None) -> None:
+        """Also end the receiver's wait when ``fd`` is readable (``on_ready`` consumes it)."""
+        self._set.add_fd(fd, on_ready)
+
+    def ended(self) -> list[ProcessWatch]:
+        """The watches whose worker has ended, once :attr:`poll` saw the set readable;
         raises :class:`ErrorReported` first if a worker reported a sampling error."""
-        if self._reports_fd >= 0 and any(fd == self._reports_fd for fd, _ in events):
+        self._report_ready = False
+        ended = self._set.wait(0)
+        if self._report_ready:
             self.raise_report()
-        return [
-            w for fd, _ in events if (w := self._by_fd.get(fd)) is not None and w.poll() is not None
-        ]
+        return ended
 
     def raise_report(self) -> None:
         """Raise the first pending report as :class:`ErrorReported` (if one is there)."""
@@ -179,6 +182,7 @@ class _WorkerExits:
             raise ErrorReported(rank, text, summary, raised_at)
 
     def close(self) -> None:
+        self._set.close()
         for w in self.watches:
             w.close()
 
@@ -242,7 +246,7 @@ class RingReceiver:
         self.watches, self.ranks = self._exits.watches, self._exits.ranks
         # close() from another thread writes here, so a waiting receive returns at once.
         self._wake_r, self._wake_w = os.pipe()
-        self._exits.register(self._wake_r)
+        self._exits.add_fd(self._wake_r)  # stays readable: receive() then sees _closed
         self._addr: int | None = addr
         table = (ctypes.c_char * (_HEADER_SIZE + _BLOCK_SIZE * blocks)).from_address(addr)
         self._header = memoryview(table).cast("B").cast("Q")
@@ -304,12 +308,12 @@ class RingReceiver:
                     # poll() below finds its pipe readable at once.
                     if header[_WRITE_BLOCK_ID] > r and words[sem] and not flag[0]:
                         return recv(), []
-                    if events := poll(_RING_WAIT_MS):
+                    if poll(_RING_WAIT_MS):
                         if self._closed:
                             raise RuntimeError(
                                 "the sampling producer was shut down during a receive"
                             )
-                        if ended := self._exits.ended(events):
+                        if ended := self._exits.ended():
                             return None, ended
             finally:
                 self._receiving = False
@@ -406,13 +410,16 @@ class ThreadReceiver:
         self._exits = _WorkerExits(workers, reports)
         self.watches, self.ranks = self._exits.watches, self._exits.ranks
         self._ready_r, self._ready_w = os.pipe()
-        self._exits.register(self._ready_r)
+        self._exits.add_fd(self._ready_r, self._take_hand_off)
         self._requests = threading.Semaphore(0)
         self._results: deque[tuple[bool, Any]] = deque()
         self._pending = False
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="healthkit-glt receiver", daemon=True)
         self.thread.start()
+
+    def _take_hand_off(self) -> None:
+        os.read(self._ready_r, 64)  # the message itself is in _results
 
     def _run(self) -> None:
         channel, results, ready_w = self._channel, self._results, self._ready_w
@@ -454,10 +461,8 @@ class ThreadReceiver:
                 if not ok:
                     raise value
                 return value, []
-            events = self._exits.poll()
-            if any(fd == self._ready_r for fd, _ in events):
-                os.read(self._ready_r, 64)
-            if ended := self._exits.ended(events):
+            self._exits.poll()  # the hand-off, a worker's death or a report
+            if ended := self._exits.ended():
                 return None, ended
 
     def stop(self) -> None:
