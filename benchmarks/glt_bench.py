@@ -287,7 +287,7 @@ def _throughput_section(title: str, consumer: str, tp: dict[str, Any], guard_s: 
     med_s, med_h = statistics.median(st), statistics.median(hk)
     best_s, best_h = min(st), min(hk)
     nb = tp["batches"]
-    own = (statistics.median(tp["cpu"]["healthkit_glt"]) - statistics.median(tp["cpu"]["stock"]))
+    own = statistics.median(tp["cpu"]["healthkit_glt"]) - statistics.median(tp["cpu"]["stock"])
     own /= nb
     stock_cpus = [c / nb for c in tp["cpu"]["stock"]]
     cpu_overhead = 100 * guard_s / (med_s / nb)
@@ -346,7 +346,7 @@ def _receive_path_section(rp: dict[str, Any]) -> list[str]:
         "dropping run above) into one `ShmChannel`; the consumer receives "
         f"{rp['messages']} of them per run and drops each at once, through stock GLT's "
         "`recv()`, healthkit_glt's ring reader (the default) and its helper-thread fallback "
-        f"(`receiver=\"thread\"`), in rotating order, {rp['rounds']} runs each. No sampling "
+        f'(`receiver="thread"`), in rotating order, {rp["rounds"]} runs each. No sampling '
         "runs, so the consumer's CPU is the receive path's and little else.",
         "",
         "| receive through | consumer CPU per message (median) | extra over stock (median "
@@ -410,8 +410,7 @@ def report(
     )
     lines += _throughput_section(
         "Throughput, consumer only drops each batch (worst case for the guard)",
-        "drops each batch at once, which makes any per-batch cost of ours as visible as it "
-        "can be",
+        "drops each batch at once, which makes any per-batch cost of ours as visible as it can be",
         tps["drop"],
         guard_s=guard_cpu_per_message(rp),
     )

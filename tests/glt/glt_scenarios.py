@@ -258,9 +258,7 @@ def scenario_hk_init_raise() -> None:
 
 def scenario_hk_init_hang(rpc_init_timeout: float = 30.0, k: float = 1.0) -> None:
     """healthkit_glt: worker 1 hangs in its sampler factory; the bound (k x bring-up) ends it."""
-    _init_failure(
-        "rank1_hangs_loop", rpc_init_timeout=rpc_init_timeout, init_timeout_multiplier=k
-    )
+    _init_failure("rank1_hangs_loop", rpc_init_timeout=rpc_init_timeout, init_timeout_multiplier=k)
 
 
 def scenario_hk_epoch_sigkill(
@@ -685,12 +683,8 @@ SCENARIOS = {
     "hk-init-sigkill-arrived": lambda a: scenario_hk_init_sigkill_arrived(*(float(x) for x in a)),
     "hk-shutdown-mid-epoch": lambda a: scenario_hk_shutdown_mid_epoch(*(float(x) for x in a)),
     "hk-init-hang": lambda a: scenario_hk_init_hang(*(float(x) for x in a)),
-    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(
-        *(float(x) for x in a[:2]), *a[2:]
-    ),
-    "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
-        *(int(x) for x in a)
-    ),
+    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(*(float(x) for x in a[:2]), *a[2:]),
+    "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(*(int(x) for x in a)),
     "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
     "hk-trainer": lambda a: scenario_hk_trainer(*a),
     "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),

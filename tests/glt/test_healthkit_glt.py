@@ -682,9 +682,7 @@ def test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_secon
     assert (r["rank"], r["exit_code"], r["signal"]) == (1, -9, "SIGKILL")
     assert r["cause"] in ("SIGKILL_UNCONFIRMED", "OOM_KILLED")
     waited_for = r["batches"] + 1  # usually 2; a batch already in flight may still arrive
-    assert f"sampling worker 1 died while the loader waited for batch {waited_for};" in r[
-        "message"
-    ]
+    assert f"sampling worker 1 died while the loader waited for batch {waited_for};" in r["message"]
     assert r["same_error_on_reuse"] is True
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
@@ -827,9 +825,10 @@ def test_a_sampling_error_in_a_live_worker_fails_the_loader_with_rank_and_traceb
         "edges": "TypeError: send(): incompatible function arguments",
         "subgraph": "IndexError: seed index out of range in _subgraph (injected",
     }[entry]
-    assert expected in r["worker_traceback"] and "Traceback (most recent call last)" in r[
-        "worker_traceback"
-    ]
+    assert (
+        expected in r["worker_traceback"]
+        and "Traceback (most recent call last)" in r["worker_traceback"]
+    )
     assert r["first_line"].startswith(f"sampling worker {r['rank']} raised while sampling")
     assert expected in r["first_line"]
     if entry in ("nodes", "subgraph"):

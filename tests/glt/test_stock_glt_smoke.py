@@ -100,9 +100,10 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
         fx.init_single_process_context()
         dataset = fx.build_dataset()
         t0 = time.monotonic()
-        loader = fx.build_loader(dataset, fx.make_worker_options(
-            num_workers=2, channel_capacity=fx.STOCK_SAFE_CHANNEL_CAPACITY
-        ))
+        loader = fx.build_loader(
+            dataset,
+            fx.make_worker_options(num_workers=2, channel_capacity=fx.STOCK_SAFE_CHANNEL_CAPACITY),
+        )
         startup = time.monotonic() - t0
         worker_pids.extend(w.pid for w in loader._mp_producer._workers)
         try:
