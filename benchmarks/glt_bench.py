@@ -39,7 +39,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "glt"))
 
-import glt_harness as h  # noqa: E402
+import glt_fixtures as fx  # noqa: E402
 import glt_scenarios as sc  # noqa: E402
 
 OUT = os.path.join(ROOT, "docs", "benchmarks-glt.md")
@@ -69,8 +69,8 @@ def training_step() -> Any:
     hidden = 256
     layers = torch.nn.ModuleList(
         [
-            torch.nn.Linear(2 * h.FEATURE_DIM, hidden),
-            torch.nn.Linear(2 * hidden, h.NUM_CLASSES),
+            torch.nn.Linear(2 * fx.FEATURE_DIM, hidden),
+            torch.nn.Linear(2 * hidden, fx.NUM_CLASSES),
         ]
     )
     opt = torch.optim.Adam(layers.parameters(), lr=0.01)
@@ -97,22 +97,22 @@ def throughput(epochs: int, seed_repeats: int, train: bool = False) -> dict[str,
     import healthkit_glt as hg
     import torch
 
-    h.set_spawn()  # stock GLT needs it (its mp.Value); healthkit_glt does not
-    h.init_single_process_context()
-    dataset = h.build_dataset()
-    seeds = torch.arange(h.NUM_NODES).repeat(seed_repeats)
+    fx.set_spawn()  # stock GLT needs it (its mp.Value); healthkit_glt does not
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
+    seeds = torch.arange(fx.NUM_NODES).repeat(seed_repeats)
     # One epoch's batches fit in the channel: stock GLT's concurrent-writer stall cannot
     # happen then (see STOCK_SAFE_CHANNEL_CAPACITY); both loaders get the same options.
-    capacity = h.one_epoch_capacity(len(seeds))
+    capacity = fx.one_epoch_capacity(len(seeds))
 
     def build(cls: Any) -> tuple[Any, float]:
         from graphlearn_torch.distributed import DistNeighborLoader
 
         t = time.perf_counter()
         loader = (cls or DistNeighborLoader)(
-            dataset, list(h.NUM_NEIGHBORS), seeds, batch_size=h.BATCH_SIZE, shuffle=True,
-            collect_features=True, to_device=torch.device("cpu"), random_seed=h.LOADER_SEED,
-            worker_options=h.make_worker_options(channel_capacity=capacity),
+            dataset, list(fx.NUM_NEIGHBORS), seeds, batch_size=fx.BATCH_SIZE, shuffle=True,
+            collect_features=True, to_device=torch.device("cpu"), random_seed=fx.LOADER_SEED,
+            worker_options=fx.make_worker_options(channel_capacity=capacity),
         )  # fmt: skip
         return loader, time.perf_counter() - t
 
@@ -197,7 +197,7 @@ def _burst_writer(channel: Any, commands: Any, rows: int) -> None:
     command, ``messages`` batch-sized messages, one every ``period_s``; ``None`` ends it."""
     import torch
 
-    msg = {"ids": torch.arange(rows), "x": torch.randn(rows, h.FEATURE_DIM)}
+    msg = {"ids": torch.arange(rows), "x": torch.randn(rows, fx.FEATURE_DIM)}
     while (command := commands.get()) is not None:
         messages, period_s = command
         due = time.perf_counter()
@@ -217,7 +217,7 @@ def receive_path(rounds: int, messages: int, period_s: float, rows: int = 1000) 
     from healthkit_glt._receive import open_receiver
 
     ctx = mp.get_context("spawn")
-    message_bytes = rows * (h.FEATURE_DIM + 2) * 4
+    message_bytes = rows * (fx.FEATURE_DIM + 2) * 4
     channel = ShmChannel(messages + 1, f"{(messages + 1) * (message_bytes + 4096) // 2**20 + 1}MB")
     commands = ctx.SimpleQueue()
     writer = ctx.Process(target=_burst_writer, args=(channel, commands, rows), daemon=True)
@@ -287,7 +287,7 @@ def _throughput_section(title: str, consumer: str, tp: dict[str, Any], guard_s: 
     med_s, med_h = statistics.median(st), statistics.median(hk)
     best_s, best_h = min(st), min(hk)
     nb = tp["batches"]
-    own = (statistics.median(tp["cpu"]["healthkit_glt"]) - statistics.median(tp["cpu"]["stock"]))
+    own = statistics.median(tp["cpu"]["healthkit_glt"]) - statistics.median(tp["cpu"]["stock"])
     own /= nb
     stock_cpus = [c / nb for c in tp["cpu"]["stock"]]
     cpu_overhead = 100 * guard_s / (med_s / nb)
@@ -346,7 +346,7 @@ def _receive_path_section(rp: dict[str, Any]) -> list[str]:
         "dropping run above) into one `ShmChannel`; the consumer receives "
         f"{rp['messages']} of them per run and drops each at once, through stock GLT's "
         "`recv()`, healthkit_glt's ring reader (the default) and its helper-thread fallback "
-        f"(`receiver=\"thread\"`), in rotating order, {rp['rounds']} runs each. No sampling "
+        f'(`receiver="thread"`), in rotating order, {rp["rounds"]} runs each. No sampling '
         "runs, so the consumer's CPU is the receive path's and little else.",
         "",
         "| receive through | consumer CPU per message (median) | extra over stock (median "
@@ -395,8 +395,8 @@ def report(
         f"- Machine: {machine()}",
         f"- Software: torch {torch.__version__}, graphlearn-torch "
         f"{getattr(graphlearn_torch, '__version__', '0.2.4')}, CPU only",
-        f"- Workload: {h.NUM_NODES}-node random graph ({h.NUM_EDGES} edges), 2 sampling "
-        f"workers, fan-out {list(h.NUM_NEIGHBORS)}, batch {h.BATCH_SIZE}, features "
+        f"- Workload: {fx.NUM_NODES}-node random graph ({fx.NUM_EDGES} edges), 2 sampling "
+        f"workers, fan-out {list(fx.NUM_NEIGHBORS)}, batch {fx.BATCH_SIZE}, features "
         "collected. Both loaders get the same worker options, with a channel capacity of one "
         "epoch's batches (stock GLT cannot hit its concurrent-writer stall then; see the "
         "last section). Start-up and shutdown are medians.",
@@ -410,8 +410,7 @@ def report(
     )
     lines += _throughput_section(
         "Throughput, consumer only drops each batch (worst case for the guard)",
-        "drops each batch at once, which makes any per-batch cost of ours as visible as it "
-        "can be",
+        "drops each batch at once, which makes any per-batch cost of ours as visible as it can be",
         tps["drop"],
         guard_s=guard_cpu_per_message(rp),
     )

@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import glt_harness as h
+import glt_fixtures as fx
+import glt_procs as procs
+import glt_stock_hangs as stock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -121,7 +123,7 @@ def _kill_a_worker_during_init(victim: int, after: float, stamp: list[float]) ->
     def killer() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            pids = sorted(h.spawned_worker_pids())
+            pids = sorted(procs.spawned_worker_pids())
             if len(pids) == 2:
                 time.sleep(after)
                 os.kill(pids[victim], signal.SIGKILL)
@@ -136,7 +138,7 @@ def _kill_a_worker_during_init(victim: int, after: float, stamp: list[float]) ->
 def _hk_loader(dataset: Any, **kwargs: Any) -> Any:
     import healthkit_glt as hg
 
-    return h.build_loader(dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader,
+    return fx.build_loader(dataset, fx.make_worker_options(), loader_cls=hg.DistNeighborLoader,
                           **kwargs)  # fmt: skip
 
 
@@ -152,8 +154,8 @@ def scenario_hk_init_sigkill(after: float = 0.5) -> None:
     """healthkit_glt: SIGKILL worker 0 during init; the loader must raise within seconds."""
     import healthkit as hk
 
-    h.init_single_process_context()
-    dataset = h.build_dataset()
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
     stamp: list[float] = []
     _kill_a_worker_during_init(0, after, stamp)
     t0 = time.monotonic()
@@ -164,8 +166,8 @@ def scenario_hk_init_sigkill(after: float = 0.5) -> None:
         _result(outcome="raised", after_kill_s=now - stamp[0] if stamp else None,
                 elapsed_s=now - t0, exit_codes=e.exit_codes,
                 causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
-                segments_left=h._sysv_shm_created_by([os.getpid()]),
-                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+                segments_left=procs.sysv_shm_created_by([os.getpid()]),
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
     _result(outcome="built")
 
@@ -177,8 +179,8 @@ def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
 
     import healthkit as hk
 
-    h.init_single_process_context()
-    dataset = h.build_dataset()
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
     markers = tempfile.mkdtemp(prefix="hk-arrived-")
     stamp: list[float] = []
 
@@ -187,7 +189,7 @@ def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
         while not os.listdir(markers) and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(after)
-        pids = sorted(h.spawned_worker_pids())
+        pids = sorted(procs.spawned_worker_pids())
         os.kill(pids[1], signal.SIGKILL)
         stamp.append(time.monotonic())
         _say(f"SIGKILLed sampling worker 1 (pid {pids[1]}) at the init barrier")
@@ -200,8 +202,8 @@ def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
         now = time.monotonic()
         _result(outcome="raised", after_kill_s=now - stamp[0] if stamp else None,
                 exit_codes=e.exit_codes, arrived_dead=[p.rank for p in e.dead if p.arrived],
-                segments_left=h._sysv_shm_created_by([os.getpid()]),
-                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+                segments_left=procs.sysv_shm_created_by([os.getpid()]),
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
     _result(outcome="built")
 
@@ -212,26 +214,26 @@ def scenario_hk_shutdown_mid_epoch(stop_timeout: float = 0.5) -> None:
     teardown escalates; every step must be logged at WARNING and the segment released with
     the loader still referenced."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    h.init_single_process_context()
-    loader = _hk_loader(h.build_dataset(), stop_timeout=stop_timeout, kill_timeout=5.0)
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset(), stop_timeout=stop_timeout, kill_timeout=5.0)
     workers = loader.producer.workers
     it = iter(loader)
-    held = h.clone_batch(next(it))  # a clone: no view into the ring outlives the shutdown
+    held = fx.clone_batch(next(it))  # a clone: no view into the ring outlives the shutdown
     time.sleep(1.0)  # the ring fills with unread batches; both workers park in send()
     t = time.monotonic()
     loader.shutdown()
     took = time.monotonic() - t
     _result(outcome="shut down", shutdown_s=took, worker_exit_codes=[w.exitcode for w in workers],
-            segments_left=h._sysv_shm_created_by([os.getpid()]),
-            children_left=h.spawned_worker_pids())  # fmt: skip
+            segments_left=procs.sysv_shm_created_by([os.getpid()]),
+            children_left=procs.spawned_worker_pids())  # fmt: skip
     del held
 
 
 def _init_failure(loop_name: str, **kwargs: Any) -> None:
     import healthkit as hk
 
-    h.init_single_process_context()
-    dataset = h.build_dataset()
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
     t0 = time.monotonic()
     try:
         _hk_loader(dataset, worker_loop=globals()[loop_name], **kwargs)
@@ -243,8 +245,8 @@ def _init_failure(loop_name: str, **kwargs: Any) -> None:
                 not_arrived=[p.rank for p in e.not_arrived],
                 after_raise_s=now - raised[0] if raised else None,
                 # the failed producer is still referenced (by this traceback's frames)
-                segments_left=h._sysv_shm_created_by([os.getpid()]),
-                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+                segments_left=procs.sysv_shm_created_by([os.getpid()]),
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
     _result(outcome="built")
 
@@ -256,9 +258,7 @@ def scenario_hk_init_raise() -> None:
 
 def scenario_hk_init_hang(rpc_init_timeout: float = 30.0, k: float = 1.0) -> None:
     """healthkit_glt: worker 1 hangs in its sampler factory; the bound (k x bring-up) ends it."""
-    _init_failure(
-        "rank1_hangs_loop", rpc_init_timeout=rpc_init_timeout, init_timeout_multiplier=k
-    )
+    _init_failure("rank1_hangs_loop", rpc_init_timeout=rpc_init_timeout, init_timeout_multiplier=k)
 
 
 def scenario_hk_epoch_sigkill(
@@ -275,8 +275,8 @@ def scenario_hk_epoch_sigkill(
     import healthkit_glt as hg
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    h.init_single_process_context()
-    loader = _hk_loader(h.build_dataset(), receiver=receiver)
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset(), receiver=receiver)
     workers = loader.producer.workers
     _say(f"loader ready; worker pids {[w.pid for w in workers]}")
     it = iter(loader)
@@ -309,7 +309,7 @@ def scenario_hk_epoch_sigkill(
         _result(outcome="raised", after_kill_s=now - killed, batches=n, rank=e.rank,
                 exit_code=d.exit_code, signal=d.signal.name if d.signal else None,
                 cause=d.cause.name, worker_exit_codes=[w.exitcode for w in workers],
-                children_left=h.spawned_worker_pids(), same_error_on_reuse=again,
+                children_left=procs.spawned_worker_pids(), same_error_on_reuse=again,
                 receiver_thread_stuck=any(t.name == "healthkit-glt receiver"
                                           for t in threading.enumerate()),
                 **_error_fields(e))  # fmt: skip
@@ -338,7 +338,7 @@ def _ring_has_claimed_block(shmid: int | None) -> bool | None:
 
 
 def _shm_perms(shmid: int) -> str | None:
-    return next((r["perms"] for r in h.sysv_shm_rows() if int(r["shmid"]) == shmid), None)
+    return next((r["perms"] for r in procs.sysv_shm_rows() if int(r["shmid"]) == shmid), None)
 
 
 def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto") -> None:
@@ -354,10 +354,10 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto"
     import healthkit_glt as hg
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    h.init_single_process_context()
+    fx.init_single_process_context()
     from healthkit_glt._receive import channel_shmid
 
-    loader = _hk_loader(h.build_dataset(), receiver=receiver)
+    loader = _hk_loader(fx.build_dataset(), receiver=receiver)
     producer = loader.producer
     shmid = channel_shmid(producer.output_channel)
     workers = producer.workers
@@ -384,7 +384,7 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto"
                 receiver_thread_stuck=stuck, shmid=shmid, shm_perms=_shm_perms(shmid),
                 # A claimed block that no receive has taken: the ring reader's case.
                 claimed_block_left=_ring_has_claimed_block(shmid),
-                children_left=h.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
     else:
         _result(outcome="returned")
     del held
@@ -393,10 +393,10 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto"
 
 def scenario_hk_exit_without_shutdown(epochs: int = 2) -> None:
     """healthkit_glt, nothing fails: a script runs epochs and just ends (no shutdown())."""
-    h.init_single_process_context()
-    loader = _hk_loader(h.build_dataset())
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset())
     for _ in range(epochs):
-        h.consume_epoch(loader)
+        fx.consume_epoch(loader)
     _result(outcome="done", worker_pids=[w.pid for w in loader.producer.workers])
 
 
@@ -461,21 +461,21 @@ def scenario_hk_trainer(phase: str = "epoch") -> None:
 
     from healthkit_glt._receive import channel_shmid
 
-    h.init_single_process_context()
-    dataset = h.build_dataset()
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
     if phase in ("init", "startup"):
         markers = tempfile.mkdtemp(prefix="hk-trainer-")
 
         def report() -> None:
             deadline = time.monotonic() + 60
-            while len(h.spawned_worker_pids()) < 2 and time.monotonic() < deadline:
+            while len(procs.spawned_worker_pids()) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             if phase == "startup":
                 time.sleep(0.3)
             else:
                 while len(os.listdir(markers)) < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
-            _result(phase=phase, worker_pids=sorted(h.spawned_worker_pids()), shmid=None)
+            _result(phase=phase, worker_pids=sorted(procs.spawned_worker_pids()), shmid=None)
 
         threading.Thread(target=report, daemon=True).start()
         _hk_loader(dataset, rpc_init_timeout=60, worker_loop=slow_init_loop,
@@ -546,12 +546,12 @@ def scenario_hk_sampling_error(entry: str = "nodes") -> None:
     )
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    h.init_single_process_context()
-    dataset = h.build_dataset()
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
     t0 = time.monotonic()
     batches = 0
     if entry == "features":
-        dataset.init_node_features(torch.randn(500, h.FEATURE_DIM), with_gpu=False)
+        dataset.init_node_features(torch.randn(500, fx.FEATURE_DIM), with_gpu=False)
         loader = _hk_loader(dataset)
         producer = loader.producer
         try:
@@ -563,18 +563,18 @@ def scenario_hk_sampling_error(entry: str = "nodes") -> None:
             loader.shutdown()
         return _result(outcome="finished", batches=batches)
     stype, seeds, method = {
-        "nodes": (SamplingType.NODE, NodeSamplerInput(node=torch.arange(h.NUM_NODES)),
+        "nodes": (SamplingType.NODE, NodeSamplerInput(node=torch.arange(fx.NUM_NODES)),
                   "_sample_from_nodes"),
         "edges": (SamplingType.LINK, EdgeSamplerInput(row=torch.arange(500),
                                                       col=torch.arange(500, 1000)),
                   "_sample_from_edges"),
-        "subgraph": (SamplingType.SUBGRAPH, NodeSamplerInput(node=torch.arange(h.NUM_NODES)),
+        "subgraph": (SamplingType.SUBGRAPH, NodeSamplerInput(node=torch.arange(fx.NUM_NODES)),
                      "_subgraph"),
     }[entry]  # fmt: skip
-    config = SamplingConfig(stype, list(h.NUM_NEIGHBORS), 32, True, False, False, True,
+    config = SamplingConfig(stype, list(fx.NUM_NEIGHBORS), 32, True, False, False, True,
                             with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
     producer = hg.DistSamplingProducer(
-        dataset, seeds, config, h.make_worker_options(), ShmChannel(2, "16MB"),
+        dataset, seeds, config, fx.make_worker_options(), ShmChannel(2, "16MB"),
         sampler_factory=functools.partial(_raising_sampler_factory, raise_in=method),
     )  # fmt: skip
     producer.init()
@@ -598,15 +598,8 @@ def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> No
     _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, batches=batches,
             worker_traceback=e.worker_traceback, first_line=str(e).splitlines()[0],
             worker_exit_codes=[w.exitcode for w in workers],
-            children_left=h.spawned_worker_pids(), failure_kept=producer.failure is e,
+            children_left=procs.spawned_worker_pids(), failure_kept=producer.failure is e,
             **_error_fields(e))  # fmt: skip
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return h._stat_fields(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 def _dev_shm_names(pids: Sequence[int]) -> list[str]:
@@ -627,7 +620,7 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
     import select
     import subprocess
 
-    with h.sigusr1_stack_dumps() as (env, _):
+    with procs.sigusr1_stack_dumps() as (env, _):
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "hk-trainer", phase],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
@@ -657,20 +650,20 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
             gone_after: dict[int, float | None] = {p: None for p in pids}
             while time.monotonic() - killed < watch_s and None in gone_after.values():
                 for p in pids:
-                    if gone_after[p] is None and not _alive(p):
+                    if gone_after[p] is None and not procs.alive(p):
                         gone_after[p] = time.monotonic() - killed
                 time.sleep(0.005)
-            survivors = [p for p in pids if _alive(p)]
+            survivors = [p for p in pids if procs.alive(p)]
             settle = time.monotonic() + 2.0  # the kernel frees a segment at the last detach
-            while time.monotonic() < settle and h._sysv_shm_created_by([proc.pid]):
+            while time.monotonic() < settle and procs.sysv_shm_created_by([proc.pid]):
                 time.sleep(0.02)
             return {"worker_pids": pids, "gone_after_s": list(gone_after.values()),
                     "survivors": survivors, "shmid": info["shmid"],
-                    "segments_left": h._sysv_shm_created_by([proc.pid, *pids]),
+                    "segments_left": procs.sysv_shm_created_by([proc.pid, *pids]),
                     "dev_shm_left": _dev_shm_names([proc.pid, *pids]),
                     "output": "".join(out)}  # fmt: skip
         finally:
-            members = h.pids_in_group(proc.pid)
+            members = procs.pids_in_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
@@ -678,9 +671,9 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
                     os.kill(p, signal.SIGKILL)  # reparented workers, by pid
             proc.wait()
             end = time.monotonic() + 10
-            while any(_alive(p) for p in members) and time.monotonic() < end:
+            while any(procs.alive(p) for p in members) and time.monotonic() < end:
                 time.sleep(0.02)
-            h.remove_orphan_sysv_shm([proc.pid, *members])
+            procs.remove_orphan_sysv_shm([proc.pid, *members])
             proc.stdout.close()
 
 
@@ -690,12 +683,8 @@ SCENARIOS = {
     "hk-init-sigkill-arrived": lambda a: scenario_hk_init_sigkill_arrived(*(float(x) for x in a)),
     "hk-shutdown-mid-epoch": lambda a: scenario_hk_shutdown_mid_epoch(*(float(x) for x in a)),
     "hk-init-hang": lambda a: scenario_hk_init_hang(*(float(x) for x in a)),
-    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(
-        *(float(x) for x in a[:2]), *a[2:]
-    ),
-    "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(
-        *(int(x) for x in a)
-    ),
+    "hk-epoch-sigkill": lambda a: scenario_hk_epoch_sigkill(*(float(x) for x in a[:2]), *a[2:]),
+    "hk-exit-without-shutdown": lambda a: scenario_hk_exit_without_shutdown(*(int(x) for x in a)),
     "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
     "hk-trainer": lambda a: scenario_hk_trainer(*a),
     "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),
@@ -708,13 +697,13 @@ SCENARIOS = {
 # --- runner -------------------------------------------------------------------------------
 
 
-def run_scenario(name: str, args: Sequence[str] = (), timeout: float = 90.0) -> h.Run:
-    return h.run_script(os.path.abspath(__file__), [name, *args], timeout)
+def run_scenario(name: str, args: Sequence[str] = (), timeout: float = 90.0) -> stock.Run:
+    return stock.run_script(os.path.abspath(__file__), [name, *args], timeout)
 
 
-def run_stock(name: str, args: Sequence[str] = (), timeout: float = 20.0) -> h.Run:
-    """A stock-GLT scenario of the harness (``hang-init``, ``hang-epoch``)."""
-    return h.run_script(os.path.join(HERE, "glt_harness.py"), [name, *args], timeout)
+def run_stock(name: str, args: Sequence[str] = (), timeout: float = 20.0) -> stock.Run:
+    """A stock-GLT scenario of ``glt_stock_hangs`` (``hang-init``, ``hang-epoch``)."""
+    return stock.run_script(os.path.join(HERE, "glt_stock_hangs.py"), [name, *args], timeout)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -27,7 +27,8 @@ import pytest
 pytest.importorskip("graphlearn_torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import glt_harness as h
+import glt_fixtures as fx
+import glt_procs as procs
 import glt_scenarios as sc
 import healthkit_glt as hg
 
@@ -73,7 +74,7 @@ def stop_resource_sharer() -> Iterator[None]:
 
 @pytest.fixture
 def glt_context() -> None:
-    h.init_single_process_context()
+    fx.init_single_process_context()
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def guard() -> Iterator[None]:
 
     def fire() -> None:
         faulthandler.dump_traceback(all_threads=True)
-        for pid in h.spawned_worker_pids():
+        for pid in procs.spawned_worker_pids():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -99,7 +100,7 @@ def guard() -> Iterator[None]:
 
 
 def _segments_of(pid: int) -> set[int]:
-    return set(h._sysv_shm_created_by([pid]))
+    return set(procs.sysv_shm_created_by([pid]))
 
 
 def _receiver_threads() -> int:
@@ -190,12 +191,12 @@ def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: 
     from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
 
     before = _segments_of(os.getpid())
-    dataset = h.build_dataset()
+    dataset = fx.build_dataset()
     channel = ShmChannel(2, "1MB")
     config = SamplingConfig(SamplingType.NODE, [5, 5], 64, True, False, False, True,
                             with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
     producer = hg.DistSamplingProducer(
-        dataset, NodeSamplerInput(node=torch.arange(10)), config, h.make_worker_options(), channel
+        dataset, NodeSamplerInput(node=torch.arange(10)), config, fx.make_worker_options(), channel
     )
     producer.shutdown()
     producer.shutdown()
@@ -203,7 +204,7 @@ def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: 
         producer.recv()
     with pytest.raises(ValueError, match=r"receiver must be one of \('auto', 'ring', 'thread'\)"):
         hg.DistSamplingProducer(
-            dataset, NodeSamplerInput(node=torch.arange(10)), config, h.make_worker_options(),
+            dataset, NodeSamplerInput(node=torch.arange(10)), config, fx.make_worker_options(),
             channel, receiver="fast",
         )  # fmt: skip
     del producer, channel
@@ -505,19 +506,19 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     import multiprocessing as mp
 
     before = _segments_of(os.getpid())
-    dataset = h.build_dataset()
+    dataset = fx.build_dataset()
     epochs = 3
     # Stock GLT needs "spawn" as the default start method (its mp.Value); ours does not.
     # Stock runs with a channel capacity that rules out its concurrent-writer stall; ours
     # with GLT's default (2 here), where only its send lock keeps the two writers apart.
     start_method = mp.get_start_method(allow_none=True)
-    h.set_spawn()
+    fx.set_spawn()
     try:
-        stock = h.build_loader(
-            dataset, h.make_worker_options(channel_capacity=h.STOCK_SAFE_CHANNEL_CAPACITY)
+        stock = fx.build_loader(
+            dataset, fx.make_worker_options(channel_capacity=fx.STOCK_SAFE_CHANNEL_CAPACITY)
         )
         try:
-            stock_sums = [h.consume_epoch(stock).checksum for _ in range(epochs)]
+            stock_sums = [fx.consume_epoch(stock).checksum for _ in range(epochs)]
         finally:
             stock.shutdown()
     finally:
@@ -526,20 +527,20 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
 
     # The helper-thread receiver (the fallback for channels the ring reader cannot read)
     # must give the same batches too.
-    fallback = h.build_loader(
-        dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader, receiver="thread"
+    fallback = fx.build_loader(
+        dataset, fx.make_worker_options(), loader_cls=hg.DistNeighborLoader, receiver="thread"
     )
     try:
-        fallback_sums = [h.consume_epoch(fallback).checksum for _ in range(epochs)]
+        fallback_sums = [fx.consume_epoch(fallback).checksum for _ in range(epochs)]
         assert _receiver_threads() == 1
     finally:
         fallback.shutdown()
     assert _receiver_threads() == 0
     del fallback
 
-    loader = h.build_loader(dataset, h.make_worker_options(), loader_cls=hg.DistNeighborLoader)
+    loader = fx.build_loader(dataset, fx.make_worker_options(), loader_cls=hg.DistNeighborLoader)
     try:
-        runs = [h.consume_epoch(loader) for _ in range(epochs)]
+        runs = [fx.consume_epoch(loader) for _ in range(epochs)]
         assert _receiver_threads() == 0  # the ring reader receives on the caller's thread
     finally:
         t = time.monotonic()
@@ -552,8 +553,8 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     workers = producer.workers
     assert [r.checksum for r in runs] == stock_sums == fallback_sums
     assert len(set(stock_sums)) == epochs  # reshuffled every epoch, reproducibly
-    assert all(r.seeds == list(range(h.NUM_NODES)) for r in runs)
-    assert all(len(r.digests) == -(-h.NUM_NODES // h.BATCH_SIZE) for r in runs)
+    assert all(r.seeds == list(range(fx.NUM_NODES)) for r in runs)
+    assert all(len(r.digests) == -(-fx.NUM_NODES // fx.BATCH_SIZE) for r in runs)
     assert [w.exitcode for w in workers] == [0, 0]  # STOP, not SIGTERM
     assert producer.failure is None
     assert producer._report_flag[0] == 0  # the clean path: no worker reported anything
@@ -581,23 +582,23 @@ def test_worker_reads_back_its_rpc_timeout_before_and_after_the_init_barrier(
     expected_after: float,
 ) -> None:
     with tempfile.TemporaryDirectory() as report_dir:
-        loader = h.build_loader(
-            h.build_dataset(),
-            h.make_worker_options(rpc_timeout=30.0),
+        loader = fx.build_loader(
+            fx.build_dataset(),
+            fx.make_worker_options(rpc_timeout=30.0),
             loader_cls=hg.DistNeighborLoader,
             worker_loop=sc.rpc_timeout_reporting_loop,
             rpc_init_timeout=rpc_init_timeout,
             worker_extra={"report_dir": report_dir},
         )
         try:
-            epoch = h.consume_epoch(loader)  # the custom loop samples like the default one
+            epoch = fx.consume_epoch(loader)  # the custom loop samples like the default one
             reports = {}
             for rank in (0, 1):
                 with open(os.path.join(report_dir, f"rpc-timeout-{rank}.json")) as f:
                     reports[rank] = json.load(f)
         finally:
             loader.shutdown()
-    assert epoch.seeds == list(range(h.NUM_NODES))
+    assert epoch.seeds == list(range(fx.NUM_NODES))
     assert loader.producer.timeouts.steady_state_rpc_timeout == 30.0
     for rank in (0, 1):
         assert reports[rank] == {"before": rpc_init_timeout, "after": expected_after}
@@ -681,9 +682,7 @@ def test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_secon
     assert (r["rank"], r["exit_code"], r["signal"]) == (1, -9, "SIGKILL")
     assert r["cause"] in ("SIGKILL_UNCONFIRMED", "OOM_KILLED")
     waited_for = r["batches"] + 1  # usually 2; a batch already in flight may still arrive
-    assert f"sampling worker 1 died while the loader waited for batch {waited_for};" in r[
-        "message"
-    ]
+    assert f"sampling worker 1 died while the loader waited for batch {waited_for};" in r["message"]
     assert r["same_error_on_reuse"] is True
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
@@ -826,9 +825,10 @@ def test_a_sampling_error_in_a_live_worker_fails_the_loader_with_rank_and_traceb
         "edges": "TypeError: send(): incompatible function arguments",
         "subgraph": "IndexError: seed index out of range in _subgraph (injected",
     }[entry]
-    assert expected in r["worker_traceback"] and "Traceback (most recent call last)" in r[
-        "worker_traceback"
-    ]
+    assert (
+        expected in r["worker_traceback"]
+        and "Traceback (most recent call last)" in r["worker_traceback"]
+    )
     assert r["first_line"].startswith(f"sampling worker {r['rank']} raised while sampling")
     assert expected in r["first_line"]
     if entry in ("nodes", "subgraph"):

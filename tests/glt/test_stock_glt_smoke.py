@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("graphlearn_torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import glt_harness as h
+import glt_fixtures as fx
 
 pytestmark = pytest.mark.glt
 
@@ -50,7 +50,7 @@ def spawn_start_method() -> Iterator[None]:
     import multiprocessing as mp
 
     before = mp.get_start_method(allow_none=True)
-    h.set_spawn()
+    fx.set_spawn()
     yield
     mp.set_start_method(before, force=True)
 
@@ -97,17 +97,18 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
     timer.daemon = True
     timer.start()
     try:
-        h.init_single_process_context()
-        dataset = h.build_dataset()
+        fx.init_single_process_context()
+        dataset = fx.build_dataset()
         t0 = time.monotonic()
-        loader = h.build_loader(dataset, h.make_worker_options(
-            num_workers=2, channel_capacity=h.STOCK_SAFE_CHANNEL_CAPACITY
-        ))
+        loader = fx.build_loader(
+            dataset,
+            fx.make_worker_options(num_workers=2, channel_capacity=fx.STOCK_SAFE_CHANNEL_CAPACITY),
+        )
         startup = time.monotonic() - t0
         worker_pids.extend(w.pid for w in loader._mp_producer._workers)
         try:
             t1 = time.monotonic()
-            epoch = h.consume_epoch(loader)
+            epoch = fx.consume_epoch(loader)
             elapsed = time.monotonic() - t1
         finally:
             loader.shutdown()
@@ -118,8 +119,8 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
         timer.cancel()
         timer.join()
 
-    assert len(epoch.digests) == -(-h.NUM_NODES // h.BATCH_SIZE)
-    assert epoch.seeds == list(range(h.NUM_NODES))
+    assert len(epoch.digests) == -(-fx.NUM_NODES // fx.BATCH_SIZE)
+    assert epoch.seeds == list(range(fx.NUM_NODES))
     assert [w.exitcode for w in workers] == [0, 0]
     assert set(_sysv_segments_of(os.getpid())) == segments_before
     print(f"start-up {startup:.2f}s, epoch {elapsed:.3f}s")
