@@ -133,8 +133,7 @@ def _producer(scenario: str, guarded: bool, log_path: str, error_file: str) -> N
         plain.wait()  # the stock producer: unbounded (GiGL's bound is 3 x 600 s)
         return
     def teardown(error: BarrierBrokenError) -> None:
-        for w in workers:
-            w.terminate()
+        stop(workers, term_timeout=5, name="sampling workers")
 
     try:
         bounded.wait(workers, on_failure=teardown)

@@ -234,11 +234,10 @@ class SidecarLink:
     def disarm(self, timeout: float | None) -> None:
         with contextlib.suppress(OSError), self._lock:
             self._send(op="disarm")
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        if timeout is None:
             self._proc.wait()
+        else:
+            stop([self._proc], grace=timeout, term_timeout=0, name="the healthkit sidecar")
         self.close()
 
     def close(self) -> None:
@@ -263,8 +262,7 @@ class SidecarLink:
             except (TimeoutError, OSError):
                 chunk = b""
             if not chunk:
-                self._proc.kill()
-                self._proc.wait()
+                stop([self._proc], term_timeout=0, name="the healthkit sidecar")
                 self._sock.close()
                 self._closed = True
                 raise SidecarError(
