@@ -40,17 +40,61 @@ logger = logging.getLogger("healthkit")
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
 
-@attrs.frozen
 class FailureEvent:
-    """Everything an action needs: the diagnosis and where it was seen."""
+    """Everything an action needs: the diagnosis and where it was seen.
 
-    diagnosis: Diagnosis
-    watchdog_name: str
-    owner_pid: int = attrs.field(factory=os.getpid)
+    A watchdog starts its actions as soon as it sees a death. :attr:`brief` (who died and
+    how: the exit code or signal) is known then; :attr:`diagnosis` adds the evidence (the
+    kernel log, the cgroup's OOM counter, peak RSS) the first time an action reads it, once.
+    An action that does not read it (a callback recording the time, a signal to the main
+    thread) runs without waiting for that I/O, which with a CPU-busy main thread costs a
+    GIL hand-off per file read.
+    """
+
+    def __init__(
+        self,
+        diagnosis: Diagnosis | Callable[[], Diagnosis],
+        watchdog_name: str,
+        owner_pid: int | None = None,
+        *,
+        brief: Diagnosis | None = None,
+    ) -> None:
+        """``diagnosis`` is the diagnosis, or a function that works it out (then ``brief``
+        is required: the diagnosis to fall back on if that function fails)."""
+        if callable(diagnosis):
+            if brief is None:
+                raise TypeError("a FailureEvent with a deferred diagnosis needs brief=")
+            self._explain: Callable[[], Diagnosis] | None = diagnosis
+            self._diagnosis: Diagnosis | None = None
+            self.brief = brief
+        else:
+            self._explain = None
+            self._diagnosis = diagnosis
+            self.brief = brief if brief is not None else diagnosis
+        self.watchdog_name = watchdog_name
+        self.owner_pid = owner_pid if owner_pid is not None else os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def diagnosis(self) -> Diagnosis:
+        """The full diagnosis, with evidence (worked out on the first read)."""
+        if self._diagnosis is None:
+            with self._lock:
+                if self._diagnosis is None:
+                    assert self._explain is not None
+                    try:
+                        self._diagnosis = self._explain()
+                    except Exception:
+                        logger.exception("gathering the evidence failed; using the brief")
+                        self._diagnosis = self.brief
+        return self._diagnosis
 
     @property
     def message(self) -> str:
         return f"{self.watchdog_name}: {self.diagnosis}"
+
+    def __repr__(self) -> str:
+        return f"FailureEvent({self.brief!r}, {self.watchdog_name!r}, {self.owner_pid})"
 
 
 class Action(Protocol):

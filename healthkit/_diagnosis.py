@@ -202,11 +202,16 @@ class ExitDiagnoser:
         name: str | None = None,
         pid: int | None = None,
         peak_rss_bytes: int | None = None,
+        evidence: bool = True,
     ) -> Diagnosis:
         """Diagnose a watch, an :class:`ExitStatus`, or a bare return code.
 
         ``None`` (or a watch whose process still runs) gives ``Cause.STILL_RUNNING``. For a
         watch, ``name``/``pid``/peak RSS default to the watch's own.
+
+        ``evidence=False`` reads nothing (no kernel log, cgroup, ``/dev/shm`` or stack-dump
+        records): the brief diagnosis a watchdog acts on at once, from the exit status
+        alone. A SIGKILL is then ``SIGKILL_UNCONFIRMED`` until the full diagnosis.
         """
         status: ExitStatus | None
         if isinstance(subject, ProcessWatch):
@@ -268,7 +273,7 @@ class ExitDiagnoser:
             )
         if rc == 0:
             return make(Cause.CLEAN_EXIT, "exited cleanly (exit code 0)")
-        evidence: list[str] = []
+        found: list[str] = []
         sig: signal.Signals | None = None
         how = ""
         if rc < 0:
@@ -298,10 +303,17 @@ class ExitDiagnoser:
                 "Read that process's own log or stderr for the error it reported",
             )
         if status.core_dumped:
-            evidence.append("core dumped")
+            found.append("core dumped")
+        if sig == signal.SIGKILL and not evidence:
+            return make(
+                Cause.SIGKILL_UNCONFIRMED,
+                f"{how} SIGKILL",
+                "not yet explained: the OOM evidence is read after the first actions run",
+                sig=signal.SIGKILL,
+            )
         if sig == signal.SIGKILL:
-            return self._sigkill(make, how, pid, peak_rss_bytes, evidence)
-        if signalled_by_us(pid, sig):
+            return self._sigkill(make, how, pid, peak_rss_bytes, found)
+        if evidence and signalled_by_us(pid, sig):
             return make(
                 Cause.UNKNOWN,
                 f"{how} {sig.name}",
@@ -310,7 +322,7 @@ class ExitDiagnoser:
                 "exiting)",
                 "Look at what it was doing before that (its log); the stack-dump request "
                 "only ended a process that was already stuck or leaving",
-                tuple(evidence),
+                tuple(found),
                 sig,
             )
         if sig in _NATIVE_CRASH:
@@ -321,13 +333,13 @@ class ExitDiagnoser:
                 "Enable faulthandler in that process (PYTHONFAULTHANDLER=1 or "
                 "faulthandler.enable()) to print the crashing stack, and check that native "
                 "extensions match the installed torch/numpy versions",
-                tuple(evidence),
+                tuple(found),
                 sig,
             )
         if sig == signal.SIGBUS:
-            shm = shm_usage(self._shm_path)
+            shm = shm_usage(self._shm_path) if evidence else None
             if shm is not None:
-                evidence.append(
+                found.append(
                     f"{self._shm_path}: {format_bytes(shm.free_bytes)} free of "
                     f"{format_bytes(shm.total_bytes)}"
                 )
@@ -338,7 +350,7 @@ class ExitDiagnoser:
                 "between processes",
                 "Raise /dev/shm (docker --shm-size, Kubernetes emptyDir medium: Memory) or "
                 "move less data through shared memory (fewer workers or smaller batches)",
-                tuple(evidence),
+                tuple(found),
                 sig,
             )
         if sig in _ASKED_TO_STOP:
@@ -349,7 +361,7 @@ class ExitDiagnoser:
                 "preempting it, or a person",
                 "If nobody meant to stop it, look for who sent the signal (launcher or "
                 "scheduler logs)",
-                tuple(evidence),
+                tuple(found),
                 sig,
             )
         return make(
@@ -359,7 +371,7 @@ class ExitDiagnoser:
             + ("; SIGPIPE means it wrote to a closed pipe or socket" if sig == signal.SIGPIPE
                else ""),
             "Find out which process sends it that signal",
-            tuple(evidence),
+            tuple(found),
             sig,
         )
 

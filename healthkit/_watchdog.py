@@ -495,9 +495,10 @@ class DisarmableWatchdog:
         with self._lock:
             if verdict in (Verdict.IGNORE, Verdict.KEEP_WATCHING) or not self._armed:
                 return
-            assert self._diagnoser is not None
-            diagnosis = self._diagnoser.diagnose(watch)
+            diagnoser = self._diagnoser
+            assert diagnoser is not None
             if verdict is Verdict.WARN:
+                diagnosis = diagnoser.diagnose(watch)
                 reason = (
                     "its exit status is unknown, so this is not acted on"
                     if diagnosis.exit_code is None
@@ -507,9 +508,17 @@ class DisarmableWatchdog:
                 return
             if self._fired is not None:
                 return  # only the first failure fires
-            diagnosis = _early_exit_wording(diagnosis, entry)
-            self._fired = diagnosis
-        self._run_actions(FailureEvent(diagnosis, self.name))
+            # Act first, explain right after: the actions start on the brief diagnosis (no
+            # file read); the evidence is read when an action first needs it.
+            brief = _early_exit_wording(diagnoser.diagnose(watch, evidence=False), entry)
+            self._fired = brief
+
+        def explain() -> Diagnosis:
+            full = _early_exit_wording(diagnoser.diagnose(watch), entry)
+            self._fired = full
+            return full
+
+        self._run_actions(FailureEvent(explain, self.name, brief=brief))
 
     def _run_actions(self, event: FailureEvent) -> None:
         try:
@@ -521,6 +530,7 @@ class DisarmableWatchdog:
                         "%s: action %r failed; running the next one", self.name, action
                     )
                     flush_logging()
+            event.diagnosis  # noqa: B018 - the evidence, for `fired`, if no action read it
         finally:
             self._actions_done.set()
 

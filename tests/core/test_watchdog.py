@@ -115,6 +115,60 @@ def test_sigkill_while_armed_fires_once_with_the_diagnosis(start_method: str) ->
         _stop(p)
 
 
+@pytest.mark.timeout(60)
+def test_actions_start_before_the_evidence_is_read_and_the_log_still_has_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Act first, explain right after. The kernel's OOM record for the helper is written
+    only *inside* the first action (after the death was seen): the log line and `fired`
+    still confirm the OOM kill, so the evidence was read after that action began; the first
+    action itself saw the brief diagnosis (who and how, nothing read)."""
+    kmsg_dir = Path(__file__).parent / "fixtures" / "kmsg"
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text((kmsg_dir / "before.txt").read_text())
+    p = _start("fork", serve_forever, "sampler-server")
+    seen: list[tuple[hk.Diagnosis, hk.Diagnosis | None]] = []
+
+    def first(event: hk.actions.FailureEvent) -> None:
+        seen.append((event.brief, wd.fired))
+        record = (kmsg_dir / "after-oom-kill-4242.txt").read_text().replace("4242", str(p.pid))
+        with open(kmsg, "a") as f:
+            f.write(record)  # the kernel's record arrives only now
+
+    rec = Recorder()
+    diagnoser = hk.ExitDiagnoser(kmsg_path=str(kmsg))
+    wd = hk.DisarmableWatchdog(
+        [p], actions=[first, hk.actions.log_diagnosis(), rec], diagnoser=diagnoser
+    ).arm()
+    try:
+        with caplog.at_level(logging.ERROR, logger="healthkit"):
+            os.kill(p.pid, signal.SIGKILL)
+            assert rec.fired.wait(20)
+        brief, fired_then = seen[0]
+        assert (brief.name, brief.pid, brief.signal) == ("sampler-server", p.pid, signal.SIGKILL)
+        assert brief.cause is hk.Cause.SIGKILL_UNCONFIRMED and brief.evidence == ()
+        assert fired_then == brief
+        full = rec.events[0].diagnosis
+        assert full.cause is hk.Cause.OOM_KILLED, full
+        assert wd.fired == full
+        assert "OOM killer (confirmed)" in caplog.text and f"Killed process {p.pid}" in caplog.text
+    finally:
+        wd.disarm()
+        diagnoser.close()
+        _stop(p)
+
+
+@pytest.mark.timeout(60)
+def test_an_event_with_a_diagnosis_given_is_not_deferred() -> None:
+    """The non-deferred twin: a FailureEvent built from a Diagnosis (as an application or
+    the sidecar builds it) has brief == diagnosis, and a deferred one needs its brief."""
+    d = hk.ExitDiagnoser(kmsg_path=None).diagnose(-9, name="sampler-server", pid=4242)
+    event = hk.actions.FailureEvent(d, "wd")
+    assert event.brief is d and event.diagnosis is d
+    with pytest.raises(TypeError, match="brief="):
+        hk.actions.FailureEvent(lambda: d, "wd")
+
+
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_error_exit_while_armed_fires(start_method: str) -> None:
     rec = Recorder()
