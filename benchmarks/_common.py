@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: statistics, machine description, process helpers.
+"""Shared helpers for the benchmarks: statistics, formatting, machine description, process
+helpers, and the context a section renders its part of the page in.
 
 Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC), which is one clock for every
 process on the machine, so a time taken in one process can be subtracted from a time taken
@@ -15,7 +16,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,55 @@ def summarize(values_s: Sequence[float]) -> dict[str, Any]:
         "min": float(a.min()),
         "mean": float(a.mean()),
     }
+
+
+def fmt_s(v: float | None) -> str:
+    """Seconds, in the unit that fits, to three significant digits (a CI's ends must not
+    round to the same figure)."""
+    if v is None:
+        return "n/a"
+    if v == 0:
+        return "0 s"
+    for scale, unit in ((1e6, "µs"), (1e3, "ms"), (1.0, "s")):
+        x = v * scale
+        if unit == "s" or float(f"{x:.3g}") < 1000:
+            return f"{x:.0f} {unit}" if x >= 99.95 else f"{x:#.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def pct_cell(values: Sequence[float], q: float) -> str:
+    """The q-percentile of ``values`` for a table, or a dash when there are too few samples
+    to print it (``_protocol.shown``)."""
+    import numpy as np
+    from _protocol import shown
+
+    if not values or not shown(len(values), q):
+        return "-"
+    return fmt_s(float(np.percentile(np.asarray(values, dtype=float), q * 100)))
+
+
+def list_s(values: Sequence[float]) -> str:
+    """Every value, sorted: for rows with too few samples for percentiles."""
+    return ", ".join(fmt_s(v) for v in sorted(values))
+
+
+@dataclass(frozen=True)
+class Page:
+    """Where a section's markdown goes: its image's link, links to other docs, run mode."""
+
+    img: str | None  # link to the section's plot, relative to the page; None: no plot
+    link: Callable[[str], str]  # a path relative to the repository -> a link from the page
+    quick: bool
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported when a plot is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def uniform_poll_model(interval_s: float) -> dict[str, Any]:

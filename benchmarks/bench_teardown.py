@@ -25,17 +25,49 @@ import contextlib
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from _common import TESTS_SCRIPTS, kill_session, now_ns, python, session_pids, summarize
+from _common import (
+    TESTS_SCRIPTS,
+    Page,
+    fmt_s,
+    kill_session,
+    list_s,
+    now_ns,
+    pyplot,
+    python,
+    session_pids,
+    summarize,
+)
+from _protocol import Target, Verdict, judge_every_run, targets_from
 
+NAME = "teardown"
+IMG = "bench-teardown.png"
 JOB = str(TESTS_SCRIPTS / "torchrun_job.py")
 HARD_LIMIT_S = 180.0  # a trial that is not over by then is recorded as such and killed
+FULL_SHAPES = ["2 ranks", "4 ranks", "2 nodes x 1 rank"]
+FULL_VARIANTS = ["thread", "sidecar"]
+FULL_REPS = 3  # runs per shape and healthkit variant (each is a whole torchrun job)
+TARGETS = [
+    Target(
+        f"{shape}/{variant}",
+        f"torchrun teardown < 3 s in every run: {shape}, healthkit {variant}",
+        "every run",
+        3.0,
+        "s",
+        FULL_REPS,
+    )
+    for shape in FULL_SHAPES
+    for variant in FULL_VARIANTS
+]
 
 
 def free_port() -> int:
@@ -45,15 +77,26 @@ def free_port() -> int:
 
 
 class Agent:
-    """One torchrun agent in its own session, its output collected by a thread."""
+    """One torchrun agent in its own session, its output collected by a thread. Its log
+    directory is a temporary one of ours (torchrun's default, a new /tmp/torchelastic_*
+    per agent, is never removed)."""
 
     def __init__(self, args: list[str], nnodes: int, nproc: int, port: int, run_id: str):
+        self.log_dir = tempfile.mkdtemp(prefix="healthkit-bench-torchrun-")
         self.cmd = [
-            python(), "-m", "torch.distributed.run",
-            f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
-            "--max_restarts=0", JOB, *args,
-        ]  # fmt: skip
+            python(),
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}",
+            f"--rdzv_id={run_id}",
+            "--max_restarts=0",
+            f"--log-dir={self.log_dir}",
+            JOB,
+            *args,
+        ]
         self.proc = subprocess.Popen(
             self.cmd,
             stdout=subprocess.PIPE,
@@ -100,6 +143,7 @@ class Agent:
         with contextlib.suppress(Exception):
             self.proc.wait(30)
         self._reader.join(10)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def _proc_table() -> dict[int, tuple[int, int, str]]:
@@ -222,7 +266,7 @@ def trial(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 a.proc.wait(10)
         out = agents[0].output
-        root = out[out.find("Root Cause"):] if "Root Cause" in out else ""
+        root = out[out.find("Root Cause") :] if "Root Cause" in out else ""
         return {
             "shape": shape,
             "variant": variant,
@@ -241,9 +285,9 @@ def trial(
 
 
 def run(quick: bool) -> dict[str, Any]:
-    shapes = ["2 ranks"] if quick else ["2 ranks", "4 ranks", "2 nodes x 1 rank"]
-    variants = ["thread"] if quick else ["thread", "sidecar"]
-    reps = 1 if quick else 3
+    shapes = ["2 ranks"] if quick else FULL_SHAPES
+    variants = ["thread"] if quick else FULL_VARIANTS
+    reps = 1 if quick else FULL_REPS
     timeout = 10.0 if quick else 30.0
     results: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -252,8 +296,9 @@ def run(quick: bool) -> dict[str, Any]:
         box: list[dict[str, Any]] = []
         killed = threading.Event()
 
-        def stock(shape: str = shape, box: list[dict[str, Any]] = box,
-                  killed: threading.Event = killed) -> None:
+        def stock(
+            shape: str = shape, box: list[dict[str, Any]] = box, killed: threading.Event = killed
+        ) -> None:
             try:
                 box.append(trial(shape, "without", timeout, killed))
             except Exception as e:  # recorded, reported
@@ -279,14 +324,17 @@ def run(quick: bool) -> dict[str, Any]:
         for variant in [*variants, "without"]:
             rs = [r for r in results if r["shape"] == shape and r["variant"] == variant]
             secs = [r["seconds"] for r in rs if r["seconds"] is not None]
-            rows.append({
-                "shape": shape,
-                "variant": variant,
-                **summarize(secs),
-                "not_over": sum(r["seconds"] is None for r in rs),
-                "root_cause_names_helper": [r["root_cause_names_helper"] for r in rs],
-                "processes": sorted({r["processes"] for r in rs}),
-            })
+            rows.append(
+                {
+                    "shape": shape,
+                    "variant": variant,
+                    **summarize(secs),
+                    "samples": secs,
+                    "not_over": sum(r["seconds"] is None for r in rs),
+                    "root_cause_names_helper": [r["root_cause_names_helper"] for r in rs],
+                    "processes": sorted({r["processes"] for r in rs}),
+                }
+            )
     return {
         "hard_limit_s": HARD_LIMIT_S,
         "collective_timeout_s": timeout,
@@ -295,3 +343,130 @@ def run(quick: bool) -> dict[str, Any]:
         "trials": results,
         "errors": errors,
     }
+
+
+# ---------------------------------------------------------------------- verdicts
+def _row(td: dict[str, Any], key: str) -> dict[str, Any] | None:
+    shape, variant = key.split("/")
+    return next((r for r in td["rows"] if r["shape"] == shape and r["variant"] == variant), None)
+
+
+def verdicts(td: dict[str, Any], entry: dict[str, Any], quick: bool) -> list[Verdict]:
+    out = []
+    for t in targets_from(entry, TARGETS):
+        r = _row(td, t.key)
+        if r is None:
+            if not quick:
+                out.append(Verdict(t.what, t.statistic, "n/a", "", "0", "not measured"))
+            continue  # a quick run measures one shape and variant
+        out.append(judge_every_run(t, r["samples"], r["not_over"], quick, fmt_s))
+    return out
+
+
+# ---------------------------------------------------------------------- plot
+def plot(td: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    rows = td["rows"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    limit = td.get("hard_limit_s", HARD_LIMIT_S)
+    labels = {
+        "thread": "healthkit thread",
+        "sidecar": "healthkit sidecar",
+        "without": f"without (gloo timeout {td['collective_timeout_s']:g} s)",
+    }
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        for j, s in enumerate(shapes):
+            r = next(r for r in rows if r["shape"] == s and r["variant"] == v)
+            x = j + (i - (len(variants) - 1) / 2) * width
+            ys = list(r["samples"]) + [limit] * r["not_over"]
+            if not ys:
+                continue
+            ax.scatter(
+                [x] * len(ys), ys, s=14, color=f"C{i}", label=labels.get(v, v) if j == 0 else None
+            )
+            if r["not_over"]:
+                ax.text(
+                    x, limit, f"{r['not_over']} never ended", ha="center", va="bottom", fontsize=7
+                )
+    for t in TARGETS[:1]:
+        ax.axhline(t.limit, color="red", ls=":", lw=1, label=f"target {t.limit:g} s")
+    ax.set_xticks(range(len(shapes)), shapes)
+    ax.set_xlim(-0.6, len(shapes) - 0.4)
+    ax.set_yscale("log")
+    ax.set_ylabel("helper SIGKILL → every job process gone (s, log)")
+    ax.set_ylim(0.1, 1000)
+    ax.set_title(f"5. torchrun job teardown (every run; never ended: drawn at {limit:g} s)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- markdown
+def markdown(td: dict[str, Any], page: Page) -> list[str]:
+    L = ["## 5. Job teardown end to end (torchrun, gloo)", ""]
+    L.append(
+        "`tests/scripts/torchrun_job.py` under `python -m torch.distributed.run` "
+        "(c10d rendezvous on 127.0.0.1, `--max_restarts=0`): local rank 0 owns a "
+        "fork-started helper feeding it through a queue, every rank runs `all_reduce` in "
+        "a loop. 1 s into training the helper is SIGKILLed; the time runs until every "
+        "process of the job (agents, ranks, helper, sidecar; snapshotted before the "
+        "kill, each followed by a pidfd) is gone and the job's sessions are empty. "
+        "healthkit runs keep the script's 600 s collective timeout; the runs without "
+        f"healthkit use `--collective-timeout {td['collective_timeout_s']:g}` and ran in "
+        "the background alongside the healthkit runs. A job not over after "
+        f"{td.get('hard_limit_s', HARD_LIMIT_S):g} s is recorded as never ended and "
+        "killed."
+    )
+    L.append("")
+    limit = td.get("hard_limit_s", HARD_LIMIT_S)
+    L.append(
+        f"| job | variant | runs | every run | never ended (> {limit:g} s) | root cause "
+        "names the helper |"
+    )
+    L.append("|---|---|---:|---|---:|---|")
+    for r in td["rows"]:
+        v = r["variant"]
+        label = (
+            f"without healthkit (gloo timeout {td['collective_timeout_s']:g} s)"
+            if v == "without"
+            else f"healthkit {v}"
+        )
+        names = r["root_cause_names_helper"]
+        L.append(
+            f"| {r['shape']} | {label} | {len(r['samples']) + r['not_over']} | "
+            f"{list_s(r['samples'])} | {r['not_over']} | "
+            f"{sum(names)}/{len(names)} |"
+        )
+    L.append("")
+    ex = next((t for t in td["trials"] if t["variant"] == "thread" and t.get("exits_s")), None)
+    if ex:
+        parts = ", ".join(f"{k} at {fmt_s(v)}" for k, v in ex["exits_s"].items())
+        L.append(
+            f"When each process was seen to exit, after the kill (one {ex['shape']} run, "
+            f"healthkit thread): {parts}."
+        )
+        L.append("")
+    for t in td["trials"]:
+        if t["variant"] == "without" and t["seconds"] is None:
+            ended = max(t["exits_s"].values()) if t.get("exits_s") else None
+            L.append(
+                f"Without healthkit, the {t['shape']} job was not over after {limit:g} s "
+                "and was killed; "
+                + (
+                    f"the last of its processes seen to exit before that went at {fmt_s(ended)}."
+                    if ended
+                    else "none of its processes had exited."
+                )
+            )
+            L.append("")
+    if td["errors"]:
+        L.append("Runs that failed to start or finish: " + "; ".join(td["errors"]))
+        L.append("")
+    if page.img:
+        L += [f"![teardown]({page.img})", ""]
+    return L
