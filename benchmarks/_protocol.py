@@ -53,8 +53,11 @@ class Target:
     what: str
     statistic: str  # "p50", "p99", "median", "every run", "zero"
     limit: float
-    unit: str  # "s", "%", "count"
+    unit: str  # "s", "%", "count", "x" (a ratio)
     n: int  # samples (trials, rounds, runs or windows) of a full run
+    # Judged on the ratio of the statistic to the same statistic of this key's samples in
+    # the same run (e.g. the kernel's floor); ``limit`` is then the ratio's bound.
+    relative_to: str = ""
 
     @property
     def kind(self) -> str:
@@ -66,6 +69,11 @@ class Target:
 
     @property
     def rule(self) -> str:
+        if self.relative_to:
+            return (
+                f"{RULES[self.kind]}; the interval is the ratio's: both samples resampled "
+                f"independently, against \"{self.relative_to}\" in the same run"
+            )
         return RULES[self.kind]
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +120,58 @@ def percentile_ci(values: Sequence[float], q: float) -> tuple[float, float, floa
     est = float(np.percentile(np.asarray(values, dtype=float), q * 100))
     lo, hi = bootstrap_ci(values, lambda m: np.percentile(m, q * 100, axis=1))
     return est, lo, hi
+
+
+def ratio_ci(
+    values: Sequence[float], base: Sequence[float], q: float
+) -> tuple[float, float, float]:
+    """(estimate, CI low, CI high) of percentile(values) / percentile(base): both samples
+    are resampled independently, the same number of times, and the ratio taken per resample."""
+    import numpy as np
+
+    a, b = np.asarray(values, dtype=float), np.asarray(base, dtype=float)
+    rng = np.random.default_rng(SEED)
+    ra = np.percentile(rng.choice(a, size=(RESAMPLES, a.size), replace=True), q * 100, axis=1)
+    rb = np.percentile(rng.choice(b, size=(RESAMPLES, b.size), replace=True), q * 100, axis=1)
+    reps = ra / rb
+    tail = (1 - CONFIDENCE) / 2 * 100
+    est = float(np.percentile(a, q * 100) / np.percentile(b, q * 100))
+    return est, float(np.percentile(reps, tail)), float(np.percentile(reps, 100 - tail))
+
+
+def judge_ratio(
+    t: Target,
+    values: Sequence[float],
+    base: Sequence[float],
+    quick: bool,
+    fmt: Callable[[float], str],
+    gave_up: Sequence[float] = (),
+) -> Verdict:
+    """A percentile of ``values`` against ``t.limit`` times the same percentile of ``base``
+    (the same run's reference), with the bootstrap CI of the ratio."""
+    sample = [*values, *gave_up]
+    n = min(len(sample), len(base))
+    n_text = f"{len(sample)} vs {len(base)}" + (f" ({len(gave_up)} given up)" if gave_up else "")
+    if not sample or not base:
+        return Verdict(t.what, t.statistic, "n/a", "", n_text, "not measured")
+    q = quantile(t.statistic)
+    verdict = _short(t, n, quick)
+    if not shown(n, q):
+        need = round(BEYOND_MIN / (1 - q))
+        return Verdict(
+            t.what, t.statistic, f"- (needs n >= {need})", "", n_text, verdict or "not resolved"
+        )
+    est, lo, hi = ratio_ci(sample, base, q)
+    ref = float(percentile_ci(base, q)[0])
+    verdict = verdict or interval_verdict(t.limit, lo, hi, lambda x: f"{x:.2f}x")
+    return Verdict(
+        t.what,
+        f"{t.statistic} ratio",
+        f"{est:.2f}x ({fmt(est * ref)} vs {fmt(ref)})",
+        f"{lo:.2f}x to {hi:.2f}x",
+        n_text,
+        verdict,
+    )
 
 
 def interval_verdict(limit: float, lo: float, hi: float, fmt: Callable[[float], str]) -> str:

@@ -62,7 +62,7 @@ from _common import (
     summarize,
     uniform_poll_model,
 )
-from _protocol import Target, Verdict, judge_percentile, shown, targets_from
+from _protocol import Target, Verdict, judge_percentile, judge_ratio, shown, targets_from
 from _torch_anchors import GIVE_UP_S as ANCHOR_GIVE_UP_S
 from _torch_anchors import ITEM_SLEEP_S
 
@@ -147,6 +147,24 @@ TARGETS = [
         10e-3,
         "s",
         FULL_N[SIDECAR_KEY],
+    ),
+    # Act first, explain right after: the action does not wait for the evidence.
+    Target(
+        THREAD_KEYS[(False, True)],
+        "healthkit thread, idle main thread: p99 < 2x the pidfd floor's p99 (same run)",
+        "p99",
+        2.0,
+        "x",
+        FULL_N[THREAD_KEYS[(False, True)]],
+        relative_to=FLOOR_KEY,
+    ),
+    Target(
+        THREAD_KEYS[(True, True)],
+        "healthkit thread, CPU-busy main thread: p99 < 30 ms",
+        "p99",
+        30e-3,
+        "s",
+        FULL_N[THREAD_KEYS[(True, True)]],
     ),
 ]
 
@@ -512,10 +530,16 @@ def _gave_up(lat: dict[str, Any], key: str) -> list[float]:
 
 
 def verdicts(lat: dict[str, Any], entry: dict[str, Any], quick: bool) -> list[Verdict]:
+    samples = lat["samples"]
     return [
-        judge_percentile(t, lat["samples"].get(t.key, []), quick, fmt_s, _gave_up(lat, t.key))
+        judge_ratio(
+            t, samples.get(t.key, []), samples.get(t.relative_to, []), quick, fmt_s,
+            _gave_up(lat, t.key),
+        )
+        if t.relative_to
+        else judge_percentile(t, samples.get(t.key, []), quick, fmt_s, _gave_up(lat, t.key))
         for t in targets_from(entry, TARGETS)
-    ]
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------- plot
@@ -537,7 +561,7 @@ def plot(lat: dict[str, Any], path: Path) -> None:
         "SIGKILL of the helper → reaction (ms, log scale)\n"
         "box p25-p75, whiskers p10-p90, dots: every trial beyond the whiskers"
     )
-    for i, t in enumerate(sorted({(t.limit, t.statistic) for t in TARGETS})):
+    for i, t in enumerate(sorted({(t.limit, t.statistic) for t in TARGETS if t.unit == "s"})):
         ax.axvline(
             t[0] * 1e3, color=f"C{3 + i}", ls=":", lw=1, label=f"target: {t[1]} < {fmt_s(t[0])}"
         )
