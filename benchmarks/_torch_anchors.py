@@ -19,9 +19,11 @@ A trial, as the benchmark sees it:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -129,6 +131,7 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, if a trial hangs
     import torch  # noqa: F401  (the import is the slow part: before "ready")
 
     _send(out, {"ready": True})

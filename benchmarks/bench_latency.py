@@ -317,14 +317,23 @@ def trial_owner(mode: str) -> tuple[float | None, dict[str, Any]]:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
+class AnchorStuck(RuntimeError):
+    """The anchors process did not report a trial in time (the anchor itself hung)."""
+
+
 class TorchAnchors:
     """The client of ``_torch_anchors.py``: one trial of torchelastic or DataLoader at a time.
 
     The pids the server reports are followed by pidfds, so that whatever happens the
     children it started for the current trial can be SIGKILLed by pid without a reuse race.
+    An anchor that never reports the death (the anchor hung) is a failed trial: its stacks
+    are kept, the process and its children are killed, and a new one takes over.
     """
 
     def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
             [python(), ANCHORS],
@@ -351,7 +360,7 @@ class TorchAnchors:
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise RuntimeError(f"the torch anchors process said nothing in {timeout:g} s") from None
+            raise AnchorStuck(f"the torch anchors process said nothing in {timeout:g} s") from None
         if not line:
             self._err.seek(0)
             tail = self._err.read().decode("utf-8", "replace")[-2000:]
@@ -363,7 +372,10 @@ class TorchAnchors:
         assert self.proc.stdin is not None
         self.proc.stdin.write(kind + "\n")
         self.proc.stdin.flush()
-        pids: list[int] = self._read(120)["pids"]
+        try:
+            pids: list[int] = self._read(120)["pids"]
+        except AnchorStuck:
+            return None, {"stuck": self._restart()}
         self._pidfds = [os.pidfd_open(p) for p in pids]
         # torchelastic: the kill falls at a random phase of the 0.1 s poll
         time.sleep(
@@ -372,8 +384,11 @@ class TorchAnchors:
         victim = random.choice(pids)
         t0 = now_ns()
         os.kill(victim, signal.SIGKILL)
-        result = self._read(ANCHOR_GIVE_UP_S + 60)
-        left: list[int] = self._read(60)["left"]
+        try:
+            result = self._read(ANCHOR_GIVE_UP_S + 60)
+            left: list[int] = self._read(60)["left"]
+        except AnchorStuck:
+            return None, {"stuck": self._restart()}
         self._release()
         t1 = result.pop("t1_ns")
         return ((t1 - t0) / 1e9 if t1 is not None else None), {**result, "left": len(left)}
@@ -385,6 +400,22 @@ class TorchAnchors:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
             os.close(fd)
         self._pidfds = []
+
+    def _restart(self) -> str:
+        """Kill a stuck anchors process (after asking it for its stacks) and start a new
+        one; returns the end of its stderr, stacks included."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
+        time.sleep(1.0)
+        self._err.seek(0)
+        tail = self._err.read().decode("utf-8", "replace")[-3000:]
+        self.proc.kill()
+        self.proc.wait()
+        self._release(kill=True)
+        self._reader.join(10)
+        self._err.close()
+        self._start()
+        return tail
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -426,6 +457,7 @@ def run(quick: bool) -> dict[str, Any]:
         "anchor_errors": {},
         "anchor_exitcodes": {},
         "anchor_left": {},
+        "anchor_stuck": {},
     }
 
     def thread(busy: bool, kmsg: bool, key: str) -> Callable[[], float | None]:
@@ -454,6 +486,9 @@ def run(quick: bool) -> dict[str, Any]:
     def anchor(kind: str, key: str) -> Callable[[], float | None]:
         def f() -> float | None:
             lat, info = anchors.trial(kind)
+            if "stuck" in info:
+                extra["anchor_stuck"].setdefault(key, []).append(info["stuck"])
+                return None
             if info.get("error"):
                 err = re.sub(r"\d+", "N", info["error"])
                 extra["anchor_errors"].setdefault(key, []).append(err)
@@ -715,6 +750,15 @@ def markdown(lat: dict[str, Any], page: Page) -> list[str]:
         f"until `next(it)` raises. Exceptions seen (digits as N): {seen}."
     )
     left = sum(ex["anchor_left"].values())
+    for key, stacks in ex.get("anchor_stuck", {}).items():
+        L.append(
+            f"- *{key}*: {len(stacks)} trial(s) in which the anchor itself never reported "
+            f"the death within {ANCHOR_GIVE_UP_S + 60:g} s (counted as given up); the "
+            "anchors process was killed and restarted. Its stacks, first case, end:\n\n"
+            "  ```\n"
+            + "\n".join("  " + ln for ln in stacks[0].strip().splitlines()[-25:])
+            + "\n  ```"
+        )
     L.append(
         f"- Both torch anchors run in a separate torch process (`_torch_anchors.py`) so "
         "that the helpers forked for the other methods do not carry torch; children "
