@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from threading import BrokenBarrierError
 from typing import Any
@@ -258,14 +259,7 @@ def verdicts(bar: dict[str, Any], entry: dict[str, Any], quick: bool) -> list[Ve
             row = rows[0]  # a quick run has one short bound
         v = judge_every_run(t, row["samples"], row["no_error"], quick, fmt_s)
         if f"{row['bound_s']:g}" != t.key:
-            v = Verdict(
-                f"{v.what} (measured at bound {row['bound_s']:g} s)",
-                v.statistic,
-                v.estimate,
-                v.ci,
-                v.n,
-                v.verdict,
-            )
+            v = replace(v, what=f"{v.what} (measured at bound {row['bound_s']:g} s)")
         out.append(v)
     return out
 

@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +180,7 @@ def verdicts(scale: dict[str, Any], entry: dict[str, Any], quick: bool) -> list[
         gave_up = [scale.get("give_up_s", GIVE_UP_S)] * row["failures"]
         v = judge_percentile(t, row["samples"], quick, fmt_s, gave_up)
         if str(row["watches"]) != t.key:
-            v = Verdict(
-                f"{v.what} (measured at {row['watches']} watches)",
-                v.statistic,
-                v.estimate,
-                v.ci,
-                v.n,
-                v.verdict,
-            )
+            v = replace(v, what=f"{v.what} (measured at {row['watches']} watches)")
         out.append(v)
     return out
 
