@@ -98,6 +98,15 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write (110 dpi, the size every section's plot is drawn at) and close."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def uniform_poll_model(interval_s: float) -> dict[str, Any]:
     """Latency of a poll with period T when the death falls at a uniformly random phase:
     uniform on (0, T]. Analytical, not measured."""

@@ -33,7 +33,7 @@ from pathlib import Path
 from threading import BrokenBarrierError
 from typing import Any
 
-from _common import Page, fmt_s, list_s, now_ns, pct_cell, pyplot, summarize
+from _common import Page, fmt_s, list_s, now_ns, pct_cell, pyplot, save_figure, summarize
 from _protocol import Target, Verdict, judge_every_run, shown, targets_from
 
 import healthkit as hk
@@ -302,9 +302,7 @@ def plot(bar: dict[str, Any], path: Path) -> None:
     ax.set_title("4. Fail-fast rendezvous (every trial)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- markdown

@@ -33,6 +33,7 @@ from typing import Any
 from _common import (
     Page,
     pyplot,
+    save_figure,
     spawn_sleepers,
     stop_children,
     thread_cpu_s,
@@ -318,9 +319,7 @@ def plot(idle: dict[str, Any], path: Path) -> None:
     a1.set_title("2. Idle cost: CPU of the watcher")
     a2.set_title("2. Idle cost: wake-ups (voluntary context switches)")
     a2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- markdown

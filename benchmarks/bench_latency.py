@@ -58,6 +58,7 @@ from _common import (
     pct_cell,
     pyplot,
     python,
+    save_figure,
     sleep_forever,
     summarize,
     uniform_poll_model,
@@ -603,9 +604,7 @@ def plot(lat: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("1. Death-to-action latency")
     ax.grid(axis="x", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- markdown

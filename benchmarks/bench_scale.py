@@ -37,6 +37,7 @@ from _common import (
     pyplot,
     raise_nofile,
     rss_bytes,
+    save_figure,
     spawn_sleepers,
     stop_children,
     summarize,
@@ -241,9 +242,7 @@ def plot(scale: dict[str, Any], path: Path) -> None:
     a2.set_title("3. Memory per watch")
     a2.legend(fontsize=8)
     a2.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- markdown

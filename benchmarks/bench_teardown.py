@@ -44,6 +44,7 @@ from _common import (
     now_ns,
     pyplot,
     python,
+    save_figure,
     session_pids,
     summarize,
 )
@@ -401,9 +402,7 @@ def plot(td: dict[str, Any], path: Path) -> None:
     ax.set_title(f"5. torchrun job teardown (every run; never ended: drawn at {limit:g} s)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- markdown
