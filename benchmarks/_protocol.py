@@ -42,6 +42,13 @@ RULES = {
         f"{CONFIDENCE:.0%} upper bound on the share of runs over it); not met if any did"
     ),
     "zero": "met if the count is 0 at every N measured; not met otherwise",
+    "mean difference": (
+        "relative difference of the two loaders' means over their blocks (ours / stock - 1); "
+        f"each loader's blocks resampled independently, percentile bootstrap, {CONFIDENCE:.0%} "
+        f"CI, {RESAMPLES} resamples, seed {SEED}: met if the CI's upper end is under the "
+        "target, not met if its lower end is over it, otherwise not resolved here (with the "
+        "CI's half-width)"
+    ),
 }
 
 
@@ -51,7 +58,7 @@ class Target:
 
     key: str
     what: str
-    statistic: str  # "p50", "p99", "median", "every run", "zero"
+    statistic: str  # "p50", "p99", "median", "every run", "zero", "mean difference"
     limit: float
     unit: str  # "s", "%", "count", "x" (a ratio)
     n: int  # samples (trials, rounds, runs or windows) of a full run
@@ -72,7 +79,7 @@ class Target:
         if self.relative_to:
             return (
                 f"{RULES[self.kind]}; the interval is the ratio's: both samples resampled "
-                f"independently, against \"{self.relative_to}\" in the same run"
+                f'independently, against "{self.relative_to}" in the same run'
             )
         return RULES[self.kind]
 
@@ -172,6 +179,46 @@ def judge_ratio(
         n_text,
         verdict,
     )
+
+
+def mean_difference_ci(
+    values: Sequence[float], base: Sequence[float]
+) -> tuple[float, float, float]:
+    """(estimate, CI low, CI high) of mean(values) / mean(base) - 1, both samples resampled
+    independently (the unit is whatever one value stands for: here a block of epochs)."""
+    import numpy as np
+
+    a, b = np.asarray(values, dtype=float), np.asarray(base, dtype=float)
+    rng = np.random.default_rng(SEED)
+    ra = rng.choice(a, size=(RESAMPLES, a.size), replace=True).mean(axis=1)
+    rb = rng.choice(b, size=(RESAMPLES, b.size), replace=True).mean(axis=1)
+    reps = ra / rb - 1
+    tail = (1 - CONFIDENCE) / 2 * 100
+    est = float(a.mean() / b.mean() - 1)
+    return est, float(np.percentile(reps, tail)), float(np.percentile(reps, 100 - tail))
+
+
+def judge_difference(
+    t: Target, values: Sequence[float], base: Sequence[float], quick: bool
+) -> Verdict:
+    """``values`` against ``base`` (the same run's stock figures): the relative difference of
+    their means must stay under ``t.limit``. A CI too wide to decide is reported as such,
+    with its half-width, never as met."""
+    n = min(len(values), len(base))
+    n_text = f"{len(values)} vs {len(base)} blocks"
+    if n < 2:
+        return Verdict(t.what, t.statistic, "n/a", "", n_text, "not measured")
+    est, lo, hi = mean_difference_ci(values, base)
+    pct = lambda x: f"{100 * x:+.2f} %"  # noqa: E731
+    verdict = _short(t, n, quick)
+    if verdict is None:
+        if hi < t.limit:
+            verdict = "**met**"
+        elif lo > t.limit:
+            verdict = "**not met**"
+        else:
+            verdict = f"not resolved here: CI ±{50 * (hi - lo):.1f} %"
+    return Verdict(t.what, t.statistic, pct(est), f"{pct(lo)} to {pct(hi)}", n_text, verdict)
 
 
 def interval_verdict(limit: float, lo: float, hi: float, fmt: Callable[[float], str]) -> str:

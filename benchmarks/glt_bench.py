@@ -1,63 +1,102 @@
-"""Benchmark: stock graphlearn-torch vs healthkit_glt, same graph, same run.
+"""Benchmark: stock graphlearn-torch vs healthkit_glt, same graph, same seeds, same run.
 
-1. Throughput: epochs/s (and batches/s) of GLT's DistNeighborLoader vs
-   healthkit_glt.DistNeighborLoader, one loader at a time in the order A B B A, so drifting
-   load from other processes hits both alike. Each epoch covers the
-   1,000-node graph's seeds many times over (``--seed-repeats``), so GLT's fixed 0.1 s sleep
-   per epoch (``produce_all``) is a small part of an epoch. Two consumers: a small training
-   step per batch, and one that drops each batch (any per-batch cost of ours as visible as
-   it can be).
-2. The receive path alone: the consumer's CPU per message through stock ``recv()`` and
-   through healthkit_glt's two receivers, one writer process sending at the loader's batch
-   pace, no sampling. This is where the guard's per-batch cost is measured: the end-to-end
-   CPU and wall figures of (1) vary more from epoch to epoch than the guard costs.
-3. Time from a worker's death to the error, during init and mid-epoch, for healthkit_glt,
-   next to stock GLT, which hangs (reported as "still hung after N s", then killed).
+1. End to end: wall time per epoch and CPU time of the whole process tree (the loader's
+   process and its sampling workers, from ``/proc``) per batch, for GLT's
+   ``DistNeighborLoader`` and ``healthkit_glt.DistNeighborLoader`` with the same options and
+   seeds. The loaders alternate in blocks (one build, a warm-up epoch, then timed epochs) in
+   the order stock, ours, ours, stock, ..., so drifting load from other processes hits both
+   alike. The overhead targets are judged on the blocks by the protocol of
+   ``_protocol.py`` (relative difference of the means, bootstrap CI); when this machine's
+   noise makes the CI wider than the target, the page says "not resolved here" with the
+   CI's half-width. Start-up (construction to the first batch) is its own row. Two
+   consumers: a small training step per batch, and one that drops each batch.
+2. A proxy, reported as one: the consumer's CPU per message through stock ``recv()`` and
+   through healthkit_glt's two receivers, one writer process sending at the loader's pace.
+3. Time from a worker's death to the error, during init and mid-epoch, next to stock GLT,
+   which hangs (reported as "still hung after N s", then killed).
 4. GLT's concurrent-writer stall: two processes sending into one ShmChannel of capacity 2,
-   plain (stock) vs through healthkit_glt's send lock; how many runs stall for good.
+   plain (stock) vs through healthkit_glt's send lock.
+5. The fault matrix of each supported build, rendered from the raw runs that
+   ``tests/glt/fault_matrix.py --save`` kept in ``benchmarks/results/glt-faults-*.json``.
 
-Usage::
+Usage (``scripts/bench`` runs it after the core benchmarks, with the fault matrices)::
 
-    .venv-glt/bin/python benchmarks/glt_bench.py            # full (several minutes)
-    .venv-glt/bin/python benchmarks/glt_bench.py --quick    # smoke run, under 2 minutes
+    .venv-glt/bin/python benchmarks/glt_bench.py            # full (about 20 minutes)
+    .venv-glt/bin/python benchmarks/glt_bench.py --quick    # smoke run, temporary directory
+    .venv-glt/bin/python benchmarks/glt_bench.py --report-only benchmarks/results/glt.json
 
-Writes docs/benchmarks-glt.md.
+A full run writes docs/benchmarks-glt.md and its raw data, every epoch of every block, to
+benchmarks/results/glt.json; ``--report-only`` re-renders the page from such a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import faulthandler
+import glob
+import json
 import os
 import platform
+import selectors
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "glt"))
 
+import fault_matrix  # noqa: E402
 import glt_fixtures as fx  # noqa: E402
 import glt_scenarios as sc  # noqa: E402
+from _protocol import RULES, Target, Verdict, judge_difference, mean_difference_ci  # noqa: E402
+
+from healthkit.lowlevel import descendants  # noqa: E402
 
 OUT = os.path.join(ROOT, "docs", "benchmarks-glt.md")
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt.json")
+FAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-faults-*.json")
+FORMAT = 2
+
+# Blocks per loader and timed epochs per block, for each consumer, in a full run.
+PLAN = {"drop": (8, 6), "train": (6, 4)}
+QUICK_PLAN = {"drop": (2, 2), "train": (2, 1)}
+BLOCK_START_S = 120.0  # construction to the first batch, at most
+BLOCK_STALL_S = {"drop": 30.0, "train": 90.0}  # between two figures of a block, at most
+SEED_REPEATS = 25  # an epoch covers the graph's seeds this many times (391 batches)
+TARGETS = [
+    Target(
+        f"{consumer}.{metric}",
+        f"healthkit_glt vs stock GLT, {what} ({who}): < +1 %",
+        "mean difference",
+        0.01,
+        "%",
+        PLAN[consumer][0],
+    )
+    for consumer, who in (("drop", "consumer drops each batch"), ("train", "training step"))
+    for metric, what in (("wall", "wall time per epoch"), ("cpu", "process-tree CPU per batch"))
+]
 
 
-def _epoch(loader: Any, step: Any = None) -> tuple[float, float, int]:
-    """(wall s, CPU s of this process, batches). The CPU time counts every thread of the
-    loader's process (our receive thread included) and not the sampling workers, so it
-    isolates what healthkit_glt adds per batch from the load of other processes.
-    ``step(batch)``, if given, is the consumer's work on each batch."""
-    t, c = time.perf_counter(), time.process_time()
-    n = 0
-    for batch in loader:
-        n += 1
-        if step is not None:
-            step(batch)
-        del batch  # release the ring slot, as a training step would
-    return time.perf_counter() - t, time.process_time() - c, n
+def tree_cpu_s() -> float:
+    """User + system CPU seconds, every thread, of this process and every process below it
+    (the sampling workers and whatever they started), from ``/proc/<pid>/stat``."""
+    total = 0
+    for pid in (os.getpid(), *descendants(os.getpid())):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # ended between the listing and the read
+        total += int(fields[11]) + int(fields[12])  # utime and stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def training_step() -> Any:
@@ -93,61 +132,122 @@ def training_step() -> Any:
     return step
 
 
-def throughput(epochs: int, seed_repeats: int, train: bool = False) -> dict[str, Any]:
+def block_order(blocks: int) -> list[str]:
+    """stock, ours, ours, stock, ... : ``blocks`` of each, every pair adjacent."""
+    pattern = ["stock", "healthkit_glt", "healthkit_glt", "stock"]
+    return [pattern[i % 4] for i in range(2 * blocks)]
+
+
+def run_block(loader_name: str, consumer: str, epochs: int) -> None:
+    """One block, in this process (a fresh one, started by :func:`end_to_end`): build the
+    loader, time its start-up and a warm-up epoch, then ``epochs`` timed epochs, and shut it
+    down; each figure is printed as one JSON line as soon as it is known."""
     import healthkit_glt as hg
     import torch
+    from graphlearn_torch.distributed import DistNeighborLoader
+
+    def emit(**fields: Any) -> None:
+        print(json.dumps(fields), flush=True)
 
     fx.set_spawn()  # stock GLT needs it (its mp.Value); healthkit_glt does not
     fx.init_single_process_context()
     dataset = fx.build_dataset()
-    seeds = torch.arange(fx.NUM_NODES).repeat(seed_repeats)
+    seeds = torch.arange(fx.NUM_NODES).repeat(SEED_REPEATS)
     # One epoch's batches fit in the channel: stock GLT's concurrent-writer stall cannot
     # happen then (see STOCK_SAFE_CHANNEL_CAPACITY); both loaders get the same options.
-    capacity = fx.one_epoch_capacity(len(seeds))
-
-    def build(cls: Any) -> tuple[Any, float]:
-        from graphlearn_torch.distributed import DistNeighborLoader
-
+    options = fx.make_worker_options(channel_capacity=fx.one_epoch_capacity(len(seeds)))
+    step = training_step() if consumer == "train" else None
+    cls = DistNeighborLoader if loader_name == "stock" else hg.DistNeighborLoader
+    t0 = time.perf_counter()
+    loader = cls(
+        dataset, list(fx.NUM_NEIGHBORS), seeds, batch_size=fx.BATCH_SIZE, shuffle=True,
+        collect_features=True, to_device=torch.device("cpu"), random_seed=fx.LOADER_SEED,
+        worker_options=options,
+    )  # fmt: skip
+    try:
+        # The first epoch, not timed; by next() on one iterator (a second iter() would
+        # start another epoch), dropping each batch before the next is asked for: a
+        # batch still referenced keeps its slot of the channel, and the writers wait.
+        epoch = iter(loader)
+        batch: Any = next(epoch)
+        emit(kind="startup", seconds=time.perf_counter() - t0, seeds=len(seeds))
+        while batch is not None:
+            if step is not None:
+                step(batch)
+            batch = next(epoch, None)
+        for epoch in range(epochs):
+            t, c, n = time.perf_counter(), tree_cpu_s(), 0
+            for batch in loader:
+                n += 1
+                if step is not None:
+                    step(batch)
+                del batch  # release the ring slot, as a training step would
+            wall, cpu = time.perf_counter() - t, tree_cpu_s() - c
+            emit(kind="epoch", epoch=epoch, batches=n, wall_s=wall, cpu_s=cpu)
+    finally:
         t = time.perf_counter()
-        loader = (cls or DistNeighborLoader)(
-            dataset, list(fx.NUM_NEIGHBORS), seeds, batch_size=fx.BATCH_SIZE, shuffle=True,
-            collect_features=True, to_device=torch.device("cpu"), random_seed=fx.LOADER_SEED,
-            worker_options=fx.make_worker_options(channel_capacity=capacity),
-        )  # fmt: skip
-        return loader, time.perf_counter() - t
+        loader.shutdown()
+        emit(kind="shutdown", seconds=time.perf_counter() - t)
 
-    # One loader alive at a time, in the order stock, healthkit_glt, healthkit_glt, stock
-    # (ABBA), so drifting load from other processes hits both alike. (With both alive at
-    # once, stock GLT's recv() hung in one of four trial runs here, every process alive.)
-    times: dict[str, list[float]] = {"stock": [], "healthkit_glt": []}
-    cpu: dict[str, list[float]] = {"stock": [], "healthkit_glt": []}
-    startup: dict[str, list[float]] = {"stock": [], "healthkit_glt": []}
-    shutdown: dict[str, list[float]] = {"stock": [], "healthkit_glt": []}
-    batches = 0
-    half = max(1, epochs // 2)
-    for name in ("stock", "healthkit_glt", "healthkit_glt", "stock"):
-        loader, start_s = build(None if name == "stock" else hg.DistNeighborLoader)
-        startup[name].append(start_s)
-        try:
-            step = training_step() if train else None
-            _epoch(loader, step)  # warm-up, not counted
-            for _ in range(half):
-                dt, dc, batches = _epoch(loader, step)
-                times[name].append(dt)
-                cpu[name].append(dc)
-        finally:
-            t = time.perf_counter()
-            loader.shutdown()
-            shutdown[name].append(time.perf_counter() - t)
-        del loader
-    return {
-        "times": times,
-        "cpu": cpu,
-        "batches": batches,
-        "seeds": len(seeds),
-        "startup": {k: statistics.median(v) for k, v in startup.items()},
-        "shutdown": {k: statistics.median(v) for k, v in shutdown.items()},
-    }
+
+def _lines(proc: subprocess.Popen[bytes], first_s: float, next_s: float) -> Iterator[bytes]:
+    """``proc``'s stdout lines; TimeoutError when the first takes over ``first_s`` or any
+    later one over ``next_s``."""
+    assert proc.stdout is not None
+    fd, buf, limit = proc.stdout.fileno(), b"", first_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            if not sel.select(limit):
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                limit = next_s
+                yield line
+
+
+def end_to_end(blocks: int, epochs: int, consumer: str) -> dict[str, Any]:
+    """``blocks`` blocks of each loader, alternating (:func:`block_order`), each in its own
+    process group: every epoch raw (loader, block, wall s, tree CPU s, batches), and per
+    block its start-up (construction to first batch), ``shutdown()`` time and whether it
+    hung. A block whose next figure does not come within ``BLOCK_STALL_S`` is a hung block:
+    its group is SIGKILLed and the run goes on; its finished epochs are kept."""
+    epochs_out: list[dict[str, Any]] = []
+    blocks_out: list[dict[str, Any]] = []
+    seeds = 0
+    for index, name in enumerate(block_order(blocks)):
+        cmd = [sys.executable, os.path.abspath(__file__), "--block", name, consumer, str(epochs)]
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+            row: dict[str, Any] = {"loader": name, "block": index, "hung": False}
+            try:
+                for line in _lines(proc, BLOCK_START_S, BLOCK_STALL_S[consumer]):
+                    msg = json.loads(line)
+                    kind = msg.pop("kind")
+                    if kind == "epoch":
+                        epochs_out.append({"loader": name, "block": index, **msg})
+                    elif kind == "startup":
+                        seeds = msg["seeds"]
+                        row["startup_s"] = msg["seconds"]
+                    else:
+                        row["shutdown_s"] = msg["seconds"]
+            except TimeoutError:
+                row["hung"] = True
+            # The block's group: its workers too (stock GLT's outlive their parent).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            row["returncode"] = proc.wait()
+            if not row["hung"] and row["returncode"] != 0:
+                err.seek(0)
+                row["error"] = err.read().decode(errors="replace")[-3000:]
+        blocks_out.append(row)
+        print(f"[glt-bench] {consumer} block {index} ({name}): {row}", flush=True)
+    return {"seeds": seeds, "blocks": blocks, "epochs": epochs, "consumer": consumer,
+            "per_epoch": epochs_out, "per_block": blocks_out}  # fmt: skip
 
 
 def death_to_error(hang_s: float, repeats: int, hk_timeout: float) -> dict[str, Any]:
@@ -272,85 +372,149 @@ def machine() -> str:
     )
 
 
+# ---------------------------------------------------------------------- statistics
+LOADERS = (("stock", "stock GLT"), ("healthkit_glt", "healthkit_glt"))
+
+
+def block_values(e2e: dict[str, Any], metric: str) -> dict[str, list[float]]:
+    """Per loader, one value per block: its mean wall seconds per epoch (``wall``), its
+    tree CPU seconds per batch (``cpu``), or its start-up seconds (``startup``)."""
+    out: dict[str, list[float]] = {key: [] for key, _ in LOADERS}
+    for b in e2e["per_block"]:
+        if metric == "startup":
+            if "startup_s" in b:
+                out[b["loader"]].append(b["startup_s"])
+            continue
+        rows = [r for r in e2e["per_epoch"] if r["block"] == b["block"]]
+        if not rows:
+            continue
+        if metric == "wall":
+            out[b["loader"]].append(statistics.mean(r["wall_s"] for r in rows))
+        else:
+            out[b["loader"]].append(sum(r["cpu_s"] for r in rows) / sum(r["batches"] for r in rows))
+    return out
+
+
+def verdicts(results: dict[str, Any]) -> list[Verdict]:
+    quick = bool(results.get("quick"))
+    saved = results.get("targets")
+    targets = [Target(**d) for d in saved] if saved else TARGETS
+    out = []
+    for t in targets:
+        consumer, metric = t.key.split(".")
+        e2e = results.get("e2e", {}).get(consumer)
+        if e2e is None:
+            out.append(Verdict(t.what, t.statistic, "n/a", "", "0", "not measured"))
+            continue
+        v = block_values(e2e, metric)
+        out.append(judge_difference(t, v["healthkit_glt"], v["stock"], quick))
+    return out
+
+
 def guard_cpu_per_message(rp: dict[str, Any], mode: str = "ring") -> float:
     """Extra CPU seconds per message of ``mode``'s receive over stock ``recv()``: the median
-    of the per-rotation differences (each rotation runs every mode back to back, so drifting
-    load from other processes cancels out of the difference)."""
+    of the per-rotation differences (each rotation runs every mode back to back)."""
     pairs = zip(rp["cpu"][mode], rp["cpu"]["stock"], strict=True)
     return statistics.median(m - s for m, s in pairs)
 
 
-def _throughput_section(title: str, consumer: str, tp: dict[str, Any], guard_s: float) -> list[str]:
-    """``guard_s``: the guard's CPU per batch, from the receive-path measurement (this run's
-    own CPU difference is far inside the epoch-to-epoch noise of the sampling)."""
-    st, hk = tp["times"]["stock"], tp["times"]["healthkit_glt"]
-    med_s, med_h = statistics.median(st), statistics.median(hk)
-    best_s, best_h = min(st), min(hk)
-    nb = tp["batches"]
-    own = statistics.median(tp["cpu"]["healthkit_glt"]) - statistics.median(tp["cpu"]["stock"])
-    own /= nb
-    stock_cpus = [c / nb for c in tp["cpu"]["stock"]]
-    cpu_overhead = 100 * guard_s / (med_s / nb)
-    wall_med = 100 * (med_h - med_s) / med_s
-    wall_best = 100 * (best_h - best_s) / best_s
-    verdict = "met" if cpu_overhead < 1.0 else "NOT met"
-    spread = 100 * (max(st) - min(st)) / med_s
+def _pct(x: float) -> str:
+    return f"{100 * x:+.2f} %"
+
+
+# ---------------------------------------------------------------------- page
+def _verdict_section(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Verdicts",
+        "",
+        "Protocol, declared in `benchmarks/glt_bench.py` before the run: "
+        f"{RULES['mean difference']}. "
+        "A block is one loader build: its warm-up epoch (not timed), then its timed epochs; "
+        "the blocks of the two loaders alternate in the order stock, healthkit_glt, "
+        "healthkit_glt, stock, ... in one run.",
+        "",
+        "| target | statistic | estimate | 95 % CI | n | verdict |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for v in verdicts(results):
+        lines.append(f"| {v.what} | {v.statistic} | {v.estimate} | {v.ci} | {v.n} | {v.verdict} |")
+    if results.get("quick"):
+        lines += ["", "A quick run: too few blocks for any verdict; it proves the code runs."]
+    lines.append("")
+    return lines
+
+
+def _e2e_section(title: str, consumer: str, e2e: dict[str, Any]) -> list[str]:
+    batches = sorted({r["batches"] for r in e2e["per_epoch"]})
     lines = [
         f"## {title}",
         "",
-        f"Consumer: {consumer}. {tp['seeds']} seeds per epoch ({nb} batches); one loader at "
-        "a time, built twice each in the order stock, healthkit_glt, healthkit_glt, stock; "
-        f"{len(st)} timed epochs each in total, after one warm-up epoch per build.",
+        f"Consumer: {consumer}. {e2e['seeds']} seeds per epoch "
+        f"({'/'.join(map(str, batches))} batches); {e2e['blocks']} blocks per loader, "
+        f"{e2e['epochs']} timed epochs per block, each block in a fresh process (its own "
+        "process group, killed if a block's next epoch does not come within "
+        f"{BLOCK_STALL_S[e2e.get('consumer', 'drop')]:.0f} s: a hung block; its finished "
+        "epochs are kept). Wall time: each epoch, by the consumer's "
+        "clock. CPU: user + system time of the loader's process and every process below it "
+        "(the sampling workers), every thread, read from `/proc` around each epoch. "
+        "Start-up: from the loader's construction to its first batch. Raw data, every epoch "
+        "of every block: `benchmarks/results/glt.json`.",
         "",
-        "| loader | epochs/s (median) | batches/s (median) | median epoch | best epoch "
-        "| loader-process CPU per batch | start-up | shutdown |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loader | wall per epoch (mean of blocks) | block means, range | tree CPU per batch "
+        "(mean of blocks) | block means, range | start-up (median) | shutdown (median) "
+        "| blocks hung / failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, key in (("stock GLT", "stock"), ("healthkit_glt", "healthkit_glt")):
-        ts = tp["times"][key]
-        med = statistics.median(ts)
-        per_batch_cpu = 1e6 * statistics.median(tp["cpu"][key]) / nb
+    wall, cpu, start = (block_values(e2e, m) for m in ("wall", "cpu", "startup"))
+    for key, name in LOADERS:
+        mine = [b for b in e2e["per_block"] if b["loader"] == key]
+        shut = [b["shutdown_s"] for b in mine if "shutdown_s" in b]
+        hung = sum(b["hung"] for b in mine)
+        failed = sum(not b["hung"] and b.get("returncode") != 0 for b in mine)
+        if not wall[key] or not start[key]:
+            lines.append(f"| {name} | no finished epoch |||||| {hung} / {failed} of {len(mine)} |")
+            continue
         lines.append(
-            f"| {name} | {1 / med:.3f} | {nb / med:.1f} | {med:.3f} s | {min(ts):.3f} s "
-            f"| {per_batch_cpu:.0f} us | {tp['startup'][key]:.2f} s "
-            f"| {tp['shutdown'][key]:.2f} s |"
+            f"| {name} | {statistics.mean(wall[key]):.3f} s | {min(wall[key]):.3f} to "
+            f"{max(wall[key]):.3f} s | {1e6 * statistics.mean(cpu[key]):.0f} us | "
+            f"{1e6 * min(cpu[key]):.0f} to {1e6 * max(cpu[key]):.0f} us | "
+            f"{statistics.median(start[key]):.2f} s | "
+            f"{f'{statistics.median(shut):.2f} s' if shut else 'n/a'} | "
+            f"{hung} / {failed} of {len(mine)} |"
         )
-    lines += [
-        "",
-        f"**Overhead of healthkit_glt: {cpu_overhead:+.2f} % (1 % target {verdict})**: the "
-        f"guard's extra CPU per batch ({1e6 * guard_s:+.1f} us, from the receive-path "
-        "measurement below; it does not depend on what the consumer does) against the wall "
-        f"time of a batch here ({1e3 * med_s / nb:.2f} ms, stock's median epoch; the receive "
-        "path is measured at the dropping run's pace, so for a consumer that waits less per "
-        "batch this is an upper bound).",
-        "",
-        f"For reference, this run's end-to-end figures: wall clock {wall_med:+.2f} % on the "
-        f"median epoch, {wall_best:+.2f} % on the best epoch; loader-process CPU "
-        f"{1e6 * own:+.0f} us per batch. Stock GLT's own epoch-to-epoch spread in this run "
-        f"was {spread:.0f} % of its median epoch, and its CPU per batch ranged from "
-        f"{1e6 * min(stock_cpus):.0f} to {1e6 * max(stock_cpus):.0f} us (shared 2-core "
-        "machine, see the load average): differences of that size here are noise, in either "
-        "direction, which is why the overhead is measured on the receive path alone.",
-        "",
-    ]
+    if len(wall["stock"]) >= 2 and len(wall["healthkit_glt"]) >= 2:
+        cells = []
+        for m in (wall, cpu, start):
+            est, lo, hi = mean_difference_ci(m["healthkit_glt"], m["stock"])
+            cells.append(f"{_pct(est)} (CI {_pct(lo)} to {_pct(hi)})")
+        lines += [
+            "",
+            f"healthkit_glt against stock, difference of the means with its 95 % CI: wall "
+            f"per epoch {cells[0]}; tree CPU per batch {cells[1]}; start-up {cells[2]} "
+            "(start-up has no declared target).",
+        ]
+    lines.append("")
     return lines
 
 
 def _receive_path_section(rp: dict[str, Any]) -> list[str]:
     period = rp["period_s"]
     lines = [
-        "## The receive path alone: what the guard adds per batch",
+        "## A proxy: the receive path alone",
+        "",
+        "This is a proxy, not the end-to-end figure above: it isolates the consumer's CPU on "
+        "the receive path, the only place healthkit_glt adds work per batch, and leaves out "
+        "everything else an epoch does (a variant can be cheaper here and slower end to end).",
         "",
         f"One writer process sends a {rp['message_kb']:.0f} KB message (about a batch of "
-        f"this workload) every {1e3 * period:.2f} ms (stock's median batch time in the "
+        f"this workload) every {1e3 * period:.2f} ms (stock's mean batch time in the "
         "dropping run above) into one `ShmChannel`; the consumer receives "
         f"{rp['messages']} of them per run and drops each at once, through stock GLT's "
         "`recv()`, healthkit_glt's ring reader (the default) and its helper-thread fallback "
-        f'(`receiver="thread"`), in rotating order, {rp["rounds"]} runs each. No sampling '
-        "runs, so the consumer's CPU is the receive path's and little else.",
+        f'(`receiver="thread"`), in rotating order, {rp["rounds"]} runs each.',
         "",
         "| receive through | consumer CPU per message (median) | extra over stock (median "
-        "of the per-rotation differences) | extra, of the time between messages "
+        "of the per-rotation differences) | extra, of the time between messages (proxy) "
         "| runs (CPU per message) |",
         "|---|---|---|---|---|",
     ]
@@ -360,62 +524,19 @@ def _receive_path_section(rp: dict[str, Any]) -> list[str]:
         ("thread", "healthkit_glt, helper thread (fallback)"),
     ):
         cpus = rp["cpu"][mode]
-        med = statistics.median(cpus)
         runs = ", ".join(f"{1e6 * c:.0f}" for c in cpus)
         guard = 0.0 if mode == "stock" else guard_cpu_per_message(rp, mode)
         extra = "" if mode == "stock" else f"{1e6 * guard:+.1f} us"
         share = "" if mode == "stock" else f"{100 * guard / period:+.2f} %"
-        lines.append(f"| {what} | {1e6 * med:.1f} us | {extra} | {share} | {runs} us |")
-    lines += [
-        "",
-        "Both wait for a message the way stock GLT does, waking every millisecond; the ring "
-        "reader calls the C++ receive only for a block already written and checks the "
-        "workers' pidfds on each wake, the helper thread adds a hand-off per message.",
-        "",
-    ]
+        lines.append(
+            f"| {what} | {1e6 * statistics.median(cpus):.1f} us | {extra} | {share} | {runs} us |"
+        )
+    lines.append("")
     return lines
 
 
-def report(
-    args: argparse.Namespace,
-    tps: dict[str, dict[str, Any]],
-    rp: dict[str, Any],
-    dt: dict[str, Any],
-    wr: dict[str, Any],
-) -> str:
-    import graphlearn_torch
-    import torch
-
-    cmd = "python benchmarks/glt_bench.py" + (" --quick" if args.quick else "")
+def _death_section(dt: dict[str, Any]) -> list[str]:
     lines = [
-        "# Benchmark: stock graphlearn-torch vs healthkit_glt",
-        "",
-        f"- Command: `.venv-glt/bin/{cmd}` (the GLT environment that `scripts/test` builds)",
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- Machine: {machine()}",
-        f"- Software: torch {torch.__version__}, graphlearn-torch "
-        f"{getattr(graphlearn_torch, '__version__', '0.2.4')}, CPU only",
-        f"- Workload: {fx.NUM_NODES}-node random graph ({fx.NUM_EDGES} edges), 2 sampling "
-        f"workers, fan-out {list(fx.NUM_NEIGHBORS)}, batch {fx.BATCH_SIZE}, features "
-        "collected. Both loaders get the same worker options, with a channel capacity of one "
-        "epoch's batches (stock GLT cannot hit its concurrent-writer stall then; see the "
-        "last section). Start-up and shutdown are medians.",
-        "",
-    ]
-    lines += _throughput_section(
-        "Throughput, consumer trains a model on each batch",
-        "a GraphSAGE-style training step per batch (2 layers, hidden 256, Adam)",
-        tps["train"],
-        guard_s=guard_cpu_per_message(rp),
-    )
-    lines += _throughput_section(
-        "Throughput, consumer only drops each batch (worst case for the guard)",
-        "drops each batch at once, which makes any per-batch cost of ours as visible as it can be",
-        tps["drop"],
-        guard_s=guard_cpu_per_message(rp),
-    )
-    lines += _receive_path_section(rp)
-    lines += [
         "## Time from a worker's SIGKILL to the error",
         "",
         "| when the worker dies | healthkit_glt: error after | error raised | stock GLT |",
@@ -444,17 +565,19 @@ def report(
         "which happens before the raise. First line of each error:",
         "",
     ]
-    for key in ("init", "mid-epoch"):
-        lines.append(f"- {key}: `{dt[key]['head']}`")
-    lines += [
-        "",
+    lines += [f"- {key}: `{dt[key]['head']}`" for key in ("init", "mid-epoch")]
+    lines.append("")
+    return lines
+
+
+def _writers_section(wr: dict[str, Any]) -> list[str]:
+    lines = [
         "## Two writers, one channel: GLT's concurrent-writer stall",
         "",
         f"Two spawned processes each send {wr['messages']} small messages into one "
         "`ShmChannel(capacity=2)`; the consumer receives them all and checks each writer's "
-        f"order. A run still going after {wr['stall_s']:.0f} s is stalled (every process "
-        "alive, blocked in `sem_wait` in the C++ queue) and is killed. The two modes "
-        f"alternate, {wr['runs']} runs each.",
+        f"order. A run still going after {wr['stall_s']:.0f} s counts as stalled and is "
+        f"killed. The two modes alternate, {wr['runs']} runs each.",
         "",
         "| writers send | runs | stalled for good | completed runs: time to receive all |",
         "|---|---|---|---|",
@@ -466,50 +589,173 @@ def report(
         d = wr[mode]
         done = ", ".join(f"{x:.1f} s" for x in d["seconds"]) or "none completed"
         lines.append(f"| {what} | {wr['runs']} | {d['stalled']} | {done} |")
-    return "\n".join(lines) + "\n"
+    lines.append("")
+    return lines
 
 
-def main() -> int:
+def _fault_section() -> list[str]:
+    lines = [
+        "## Fault matrix, per supported graphlearn-torch build",
+        "",
+        "Each fault runs in a throwaway process group (`tests/glt/glt_scenarios.py`) on the "
+        'test graph (1,000 nodes, 2 sampling workers). "Time to it" runs from the fault '
+        "(the SIGKILL, the worker's raise or its report, the `shutdown()` call) to the error "
+        "reaching the caller, with the teardown of the other workers included (it happens "
+        "before the raise); for a killed trainer, to both workers being gone; for "
+        '`shutdown()`, to its return. "Processes left" and "segments left" add up, over '
+        "the runs, the processes of the run still alive after it ended and the SysV "
+        "segments its processes created that were still there (the runner then removes "
+        "them). What some rows include:",
+        "",
+        "- *at the init barrier*: the barrier first dumps the stack of the peer that never "
+        "arrived (it is part of the error) and the teardown SIGTERMs that peer;",
+        "- *sampler factory raises*: timed from the raise (the worker puts the time in its "
+        "message); the raiser exits at once, without shutting its RPC agent down first;",
+        "- *`shutdown()` during an epoch*: the workers are parked in `send()` and cannot read "
+        "the stop request; they are SIGTERMed after `stop_timeout` and exit 0 through "
+        "torch's handler, so nothing is raised (the error column says `none`).",
+        "",
+    ]
+    files = sorted(glob.glob(FAULT_RESULTS))
+    if not files:
+        return [*lines, "No saved fault-matrix runs (`benchmarks/results/glt-faults-*.json`).", ""]
+    for path in files:
+        with open(path) as f:
+            saved = json.load(f)
+        lines += [f"### graphlearn-torch {saved['glt']}", ""]
+        lines += fault_matrix.markdown(saved)
+        lines.append("")
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        "# Benchmark: stock graphlearn-torch vs healthkit_glt",
+        "",
+        f"- Command: `{results['command']}`",
+        f"- Date: {results['date']} UTC; {results['total_s']:.0f} s",
+        f"- Machine: {results['machine']}",
+        f"- Software: {results['software']}",
+        f"- Workload: {fx.NUM_NODES}-node random graph ({fx.NUM_EDGES} edges), 2 sampling "
+        f"workers, fan-out {list(fx.NUM_NEIGHBORS)}, batch {fx.BATCH_SIZE}, features "
+        "collected, the same seeds and loader seed for both loaders. Both get the same "
+        "worker options, with a channel capacity of one epoch's batches (stock GLT cannot "
+        'hit its concurrent-writer stall then; see "Two writers, one channel").',
+        "",
+    ]
+    lines += _verdict_section(results)
+    e2e = results["e2e"]
+    lines += _e2e_section(
+        "End to end, consumer drops each batch", "drops each batch at once (any per-batch "
+        "cost of ours as visible as it can be)", e2e["drop"])  # fmt: skip
+    lines += _e2e_section(
+        "End to end, consumer trains a model on each batch", "a GraphSAGE-style training "
+        "step per batch (2 layers, hidden 256, Adam)", e2e["train"])  # fmt: skip
+    lines += _receive_path_section(results["receive_path"])
+    lines += _death_section(results["death_to_error"])
+    lines += _writers_section(results["writers"])
+    lines += _fault_section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------- run
+def give_up_after(seconds: float) -> None:
+    """After ``seconds``, dump every thread's stack, SIGKILL every process below this one
+    (stock GLT's workers outlive their parent) and exit with status 1."""
+
+    def give_up() -> None:
+        print(f"[glt-bench] still running after {seconds:.0f} s: giving up", file=sys.stderr)
+        faulthandler.dump_traceback(all_threads=True)
+        for pid in reversed(descendants(os.getpid())):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(1)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run, under 2 minutes")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--seed-repeats", type=int, default=None)
-    p.add_argument("--hang-seconds", type=float, default=None)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--writer-runs", type=int, default=None)
-    p.add_argument("--receive-runs", type=int, default=None)
-    p.add_argument("--out", default=OUT)
+    p.add_argument("--quick", action="store_true", help="smoke run, temporary directory")
+    p.add_argument("--out", help="markdown page (default docs/benchmarks-glt.md)")
+    p.add_argument("--results", help="raw results JSON (default benchmarks/results/glt.json)")
+    p.add_argument("--report-only", metavar="JSON", help="re-render the page from raw results")
     p.add_argument("--budget", type=float, default=None, help="abort after this many s")
-    args = p.parse_args()
-    epochs = args.epochs or (4 if args.quick else 12)
-    repeats_seeds = args.seed_repeats or (5 if args.quick else 25)
-    hang_s = args.hang_seconds or (10.0 if args.quick else 30.0)
-    repeats = args.repeats or (1 if args.quick else 3)
+    p.add_argument("--block", nargs=3, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS
+    args = p.parse_args(argv)
+    if args.block:  # one block of the end-to-end runs, in its own process
+        run_block(args.block[0], args.block[1], int(args.block[2]))
+        return 0
+    tmp = tempfile.mkdtemp(prefix="healthkit-glt-bench-") if args.quick else None
+    out = args.out or (os.path.join(tmp, "benchmarks-glt.md") if tmp else OUT)
+    raw = args.results or (os.path.join(tmp, "glt.json") if tmp else RESULTS)
+
+    if args.report_only:
+        with open(args.report_only) as f:
+            saved = json.load(f)
+        if saved.get("format") != FORMAT:
+            p.error(f"{args.report_only} has no raw per-epoch data (an older format); re-run")
+        if saved.get("quick") and not args.out:  # never over the committed page
+            out = os.path.join(tempfile.mkdtemp(prefix="healthkit-glt-bench-"), "page.md")
+        with open(out, "w") as f:
+            f.write(render(saved))
+        print(f"[glt-bench] page rewritten: {out}")
+        return 0
+
+    import graphlearn_torch  # noqa: F401
+    import healthkit_glt as hg
+    import torch
+
+    plan = QUICK_PLAN if args.quick else PLAN
     # A hang anywhere (stock GLT can hang) must not hang the benchmark: dump and exit.
-    faulthandler.dump_traceback_later(args.budget or (300 if args.quick else 2400), exit=True)
-    t0 = time.monotonic()
-    tps = {
-        "train": throughput(epochs, repeats_seeds, train=True),
-        "drop": throughput(epochs, repeats_seeds),
-    }
-    print(f"throughput done in {time.monotonic() - t0:.0f} s", flush=True)
-    drop = tps["drop"]
-    period = statistics.median(drop["times"]["stock"]) / drop["batches"]
-    rp = receive_path(args.receive_runs or (3 if args.quick else 10),
-                      300 if args.quick else 1000, round(period, 4))  # fmt: skip
-    print(f"receive path done in {time.monotonic() - t0:.0f} s", flush=True)
-    dt = death_to_error(hang_s, repeats, 60.0 if args.quick else 180.0)
-    wr = writer_race(
-        args.writer_runs or (1 if args.quick else 5),
-        1000 if args.quick else 3000,
-        10.0 if args.quick else 30.0,
+    give_up_after(args.budget or (600 if args.quick else 3000))
+    command = os.environ.get("HEALTHKIT_BENCH_GLT_COMMAND") or " ".join(
+        [os.path.relpath(sys.executable, ROOT), "benchmarks/glt_bench.py", *(argv or sys.argv[1:])]
     )
-    text = report(args, tps, rp, dt, wr)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
-    print(f"wrote {args.out} in {time.monotonic() - t0:.0f} s")
+    results: dict[str, Any] = {
+        "format": FORMAT,
+        "command": command,
+        "quick": args.quick,
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+        "software": f"torch {torch.__version__}, graphlearn-torch {hg.glt_version()}, CPU only",
+        "targets": [t.as_dict() for t in TARGETS],
+        "e2e": {},
+    }
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    t0 = time.monotonic()
+
+    def save() -> None:  # as we go: a late failure keeps the earlier measurements
+        results["total_s"] = time.monotonic() - t0
+        results["machine"] = machine()
+        with open(raw, "w") as f:
+            json.dump(results, f, indent=1)
+
+    for consumer in ("drop", "train"):
+        blocks, epochs = plan[consumer]
+        results["e2e"][consumer] = end_to_end(blocks, epochs, consumer)
+        save()
+        print(f"[glt-bench] end to end ({consumer}) done at {time.monotonic() - t0:.0f} s")
+    stock_wall = block_values(results["e2e"]["drop"], "wall")["stock"]
+    period = statistics.mean(stock_wall) / results["e2e"]["drop"]["per_epoch"][0]["batches"]
+    results["receive_path"] = receive_path(
+        3 if args.quick else 10, 300 if args.quick else 1000, round(period, 4)
+    )
+    save()
+    results["death_to_error"] = death_to_error(
+        10.0 if args.quick else 30.0, 1 if args.quick else 3, 60.0 if args.quick else 180.0
+    )
+    save()
+    results["writers"] = writer_race(
+        1 if args.quick else 5, 1000 if args.quick else 3000, 10.0 if args.quick else 30.0
+    )
+    save()
+    with open(out, "w") as f:
+        f.write(render(results))
+    print(f"[glt-bench] {time.monotonic() - t0:.0f} s; page: {out}; raw results: {raw}")
     return 0
 
 

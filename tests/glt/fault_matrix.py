@@ -1,5 +1,7 @@
 """The fault matrix of docs/benchmarks-glt.md: each fault run N times in its own process
-group on the current environment's graphlearn-torch, printed as a markdown table.
+group on the current environment's graphlearn-torch, printed as a markdown table and, with
+``--save``, kept as raw runs that ``benchmarks/glt_bench.py`` renders into its page
+(``scripts/bench`` runs it on both builds).
 
     .venv-glt/bin/python tests/glt/fault_matrix.py 3     # GLT 0.2.4, torch 2.3
     .venv-glt28/bin/python tests/glt/fault_matrix.py 3   # GLT from source, torch 2.8
@@ -77,22 +79,36 @@ FAULTS: list[tuple[str, Callable[[], dict[str, Any]]]] = [
 ]  # fmt: skip
 
 
-def main(argv: list[str]) -> int:
-    runs = int(argv[0]) if argv else 3
+def measure(runs: int) -> dict[str, Any]:
+    """Every fault ``runs`` times on this environment's graphlearn-torch: the raw runs."""
     import graphlearn_torch  # noqa: F401
     import healthkit_glt as hg
     import numpy
     import torch
 
-    print(f"- Command: `{os.path.relpath(sys.executable)} tests/glt/fault_matrix.py {runs}`")
-    print(f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"- Software: graphlearn-torch {hg.glt_version()}, torch {torch.__version__}, "
-          f"numpy {numpy.__version__}, Python {platform.python_version()}, CPU only")  # fmt: skip
-    print()
-    print("| fault | error raised | time to it (median) | runs | processes left | segments left |")
-    print("|---|---|---|---|---|---|")
-    for name, fn in FAULTS:
-        results = [fn() for _ in range(runs)]
+    return {
+        "command": f"{os.path.relpath(sys.executable)} tests/glt/fault_matrix.py {runs}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "glt": hg.glt_version(),
+        "software": f"graphlearn-torch {hg.glt_version()}, torch {torch.__version__}, "
+        f"numpy {numpy.__version__}, Python {platform.python_version()}, CPU only",
+        "runs": runs,
+        "faults": [{"fault": name, "runs": [fn() for _ in range(runs)]} for name, fn in FAULTS],
+    }
+
+
+def markdown(saved: dict[str, Any]) -> list[str]:
+    """The matrix of one build as a markdown table, from the raw runs of :func:`measure`."""
+    lines = [
+        f"- Command: `{saved['command']}`",
+        f"- Date: {saved['date']}",
+        f"- Software: {saved['software']}",
+        "",
+        "| fault | error raised | time to it (median) | runs | processes left | segments left |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in saved["faults"]:
+        results = row["runs"]
         errors = sorted({r["error"] for r in results})
         times = [r["time"] for r in results if r["time"] is not None]
         med = f"{statistics.median(times):.2f} s" if times else "n/a"
@@ -100,9 +116,27 @@ def main(argv: list[str]) -> int:
         hung = sum(r["hung"] for r in results)
         err = ", ".join(f"`{e}`" if not e.startswith("(") else e for e in errors)
         if hung:
-            err += f" ({hung} of {runs} runs hung)"
-        print(f"| {name} | {err} | {med} | {each} | {sum(r['procs'] for r in results)} | "
-              f"{sum(r['segments'] for r in results)} |", flush=True)  # fmt: skip
+            err += f" ({hung} of {len(results)} runs hung)"
+        lines.append(
+            f"| {row['fault']} | {err} | {med} | {each} | {sum(r['procs'] for r in results)} "
+            f"| {sum(r['segments'] for r in results)} |"
+        )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", type=int, nargs="?", default=3, help="runs per fault")
+    ap.add_argument("--save", help="also write the raw runs to this JSON file")
+    args = ap.parse_args(argv)
+    saved = measure(args.runs)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(saved, f, indent=1)
+    print("\n".join(markdown(saved)))
     return 0
 
 
