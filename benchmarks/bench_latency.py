@@ -12,6 +12,8 @@ all of them alike:
 - ``healthkit sidecar`` and ``healthkit thread (default actions)``: end to end in a real owner
   process (``tests/scripts/owner.py``): the owner forks a helper and arms the watchdog; this
   process kills the helper and times until the *owner* is dead (its pidfd is readable).
+  After each sidecar trial, the evidence the sidecar reads before it stops the owner is
+  timed here with the sidecar's code (a proxy, reported as one).
 - ``pidfd poll (floor)``: the killing thread itself blocks in ``poll()`` on the helper's
   pidfd, with no healthkit code between the kill and the wake-up.
 - the anchors' own code, in a torch process of its own (``_torch_anchors.py``):
