@@ -718,9 +718,13 @@ def _sidecar_order(lat: dict[str, Any]) -> list[str]:
     limit = next(t.limit for t in TARGETS if t.key == SIDECAR_KEY and t.statistic == "p50")
     return [
         "- *the sidecar's order*: it reads the evidence (kernel log, cgroup files) and writes "
-        "the log line and the error file before it stops the owner, because torchrun reads "
-        "the error file as soon as the owner is dead. The sidecar is a process of its own, "
-        "so a busy owner's GIL does not slow that read. What the read costs, timed in this "
+        "the log line and the error file before it stops the owner, because torchrun's "
+        "agent reads the error file at its first check after the owner died (by default "
+        "every 5 s in torch 2.3, every 0.1 s in torch 2.8: either way that can come at any "
+        "moment); the thread's default "
+        "actions keep the same order (`exit_process` runs after the error file). The "
+        "sidecar is a process of its own, so a busy owner's GIL does not slow that read. "
+        "What the read costs, timed in this "
         "process with a fresh `ExitDiagnoser` on the killed helper after each sidecar trial "
         f"(a proxy for the sidecar's own read), over {len(costs)} trials: full diagnosis "
         f"p50 {fmt_s(float(np.median(full)))}, p99 {pct_cell(full, 0.99)}; brief (exit "
@@ -729,7 +733,7 @@ def _sidecar_order(lat: dict[str, Any]) -> list[str]:
         f"be about {fmt_s(p50 - gain)}, "
         + ("still over" if p50 - gain >= limit else "under")
         + f" the {fmt_s(limit)} target, and the error file could then come after torchrun "
-        "has read it."
+        "had read it, losing the root cause from its summary."
     ]
 
 
