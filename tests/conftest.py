@@ -4,6 +4,7 @@ file descriptor may outlive it (tests that start processes must end them, by pid
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -11,6 +12,14 @@ import traceback
 from collections.abc import Iterator
 
 import pytest
+
+# A suite started as a background job of a non-interactive shell (`cmd &`, nohup, some CI
+# runners) inherits SIGINT ignored, and an ignored signal stays ignored across fork and exec:
+# every process the tests start would shrug off the Ctrl-C the stop tests send and wait for
+# their timeouts. Those tests model a terminal's Ctrl-C, so give SIGINT its usual disposition
+# here: Python's KeyboardInterrupt handler in this process, the default in exec'd children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _children(pid: int) -> set[int]:
