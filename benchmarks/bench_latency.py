@@ -58,6 +58,7 @@ from _common import (
     list_s,
     now_ns,
     pct_cell,
+    portable_paths,
     pyplot,
     python,
     save_figure,
@@ -425,7 +426,7 @@ class TorchAnchors:
             os.kill(self.proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
         time.sleep(1.0)
         self._err.seek(0)
-        tail = self._err.read().decode("utf-8", "replace")[-3000:]
+        tail = portable_paths(self._err.read().decode("utf-8", "replace")[-3000:])
         self.proc.kill()
         self.proc.wait()
         self._release(kill=True)
@@ -716,24 +717,22 @@ def _sidecar_order(lat: dict[str, Any]) -> list[str]:
     gain = float(np.median(full) - np.median(brief))
     p50 = float(np.median(sidecar))
     limit = next(t.limit for t in TARGETS if t.key == SIDECAR_KEY and t.statistic == "p50")
+    verdict = "still over" if p50 - gain >= limit else "under"
     return [
         "- *the sidecar's order*: it reads the evidence (kernel log, cgroup files) and writes "
-        "the log line and the error file before it stops the owner, because torchrun's "
-        "agent reads the error file at its first check after the owner died (by default "
-        "every 5 s in torch 2.3, every 0.1 s in torch 2.8: either way that can come at any "
-        "moment); the thread's default "
-        "actions keep the same order (`exit_process` runs after the error file). The "
-        "sidecar is a process of its own, so a busy owner's GIL does not slow that read. "
-        "What the read costs, timed in this "
-        "process with a fresh `ExitDiagnoser` on the killed helper after each sidecar trial "
-        f"(a proxy for the sidecar's own read), over {len(costs)} trials: full diagnosis "
-        f"p50 {fmt_s(float(np.median(full)))}, p99 {pct_cell(full, 0.99)}; brief (exit "
-        f"status only) p50 {fmt_s(float(np.median(brief)))}. Stopping the owner first "
-        f"would save about {fmt_s(gain)} at p50: the sidecar's p50 of {fmt_s(p50)} would "
-        f"be about {fmt_s(p50 - gain)}, "
-        + ("still over" if p50 - gain >= limit else "under")
-        + f" the {fmt_s(limit)} target, and the error file could then come after torchrun "
-        "had read it, losing the root cause from its summary."
+        "the log line and the error file before it stops the owner, because torchrun's agent "
+        "reads the error file at its first check after the owner died (by default every 5 s "
+        "in torch 2.3, every 0.1 s in torch 2.8: either way that can come at any moment); "
+        "the thread's default actions keep the same order (`exit_process` runs after the "
+        "error file). The sidecar is a process of its own, so a busy owner's GIL does not "
+        "slow that read. What the read costs, timed in this process with a fresh "
+        "`ExitDiagnoser` on the killed helper after each sidecar trial (a proxy for the "
+        f"sidecar's own read), over {len(costs)} trials: full diagnosis p50 "
+        f"{fmt_s(float(np.median(full)))}, p99 {pct_cell(full, 0.99)}; brief (exit status "
+        f"only) p50 {fmt_s(float(np.median(brief)))}. Stopping the owner first would save "
+        f"about {fmt_s(gain)} at p50: the sidecar's p50 of {fmt_s(p50)} would be about "
+        f"{fmt_s(p50 - gain)}, {verdict} the {fmt_s(limit)} target, and the error file could "
+        "then come after torchrun had read it, losing the root cause from its summary."
     ]
 
 
