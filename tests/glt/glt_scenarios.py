@@ -595,7 +595,8 @@ def scenario_hk_sampling_error(entry: str = "nodes") -> None:
 def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> None:
     now = time.time()
     workers = producer.workers
-    _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, batches=batches,
+    _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, pid=e.pid,
+            worker_pids=[w.pid for w in workers], batches=batches,
             worker_traceback=e.worker_traceback, first_line=str(e).splitlines()[0],
             worker_exit_codes=[w.exitcode for w in workers],
             children_left=procs.spawned_worker_pids(), failure_kept=producer.failure is e,

@@ -67,5 +67,5 @@ def test_the_example_stops_with_the_workers_traceback_when_its_sampler_raises(
 ) -> None:
     proc = _run([sys.executable, str(EXAMPLE), "--bad-features"], tmp_path, 360)
     assert proc.returncode == 1, proc.stderr
-    assert re.search(r"training stopped: sampling worker \d raised while sampling for batch \d+: "
+    assert re.search(r"training stopped: sampling worker \d \(pid \d+\) raised while sampling for batch \d+: "
                      r"IndexError: index \d+ is out of bounds", proc.stderr), proc.stderr

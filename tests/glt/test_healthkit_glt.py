@@ -829,7 +829,11 @@ def test_a_sampling_error_in_a_live_worker_fails_the_loader_with_rank_and_traceb
         expected in r["worker_traceback"]
         and "Traceback (most recent call last)" in r["worker_traceback"]
     )
-    assert r["first_line"].startswith(f"sampling worker {r['rank']} raised while sampling")
+    # rank and pid of the live worker that raised (issue 25: the pid was missing)
+    assert r["pid"] == r["worker_pids"][r["rank"]] and r["pid"] > 0
+    assert r["first_line"].startswith(
+        f"sampling worker {r['rank']} (pid {r['pid']}) raised while sampling"
+    ), r["first_line"]
     assert expected in r["first_line"]
     if entry in ("nodes", "subgraph"):
         assert r["rank"] == 1
