@@ -67,5 +67,6 @@ def test_the_example_stops_with_the_workers_traceback_when_its_sampler_raises(
 ) -> None:
     proc = _run([sys.executable, str(EXAMPLE), "--bad-features"], tmp_path, 360)
     assert proc.returncode == 1, proc.stderr
-    assert re.search(r"training stopped: sampling worker \d \(pid \d+\) raised while sampling for batch \d+: "
-                     r"IndexError: index \d+ is out of bounds", proc.stderr), proc.stderr
+    assert re.search(r"training stopped: sampling worker \d \(pid \d+\) raised while sampling "
+                     r"for batch \d+: IndexError: index \d+ is out of bounds",
+                     proc.stderr), proc.stderr  # fmt: skip
