@@ -407,10 +407,10 @@ def scenario_faults(mode: str) -> None:
         victim = pids["a"][1]
         b_epochs = len(job.all("b", "epoch"))
         os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
+        killed_a = time.monotonic()
         _say(f"SIGKILLed sampling worker 1 (pid {victim}) of client a's producer")
-        res["worker_kill"] = {"victim": victim, **_outcome(job.wait_for("a", "error", error_s),
-                                                           killed, "after_kill_s")}  # fmt: skip
+        # stock: a's hang is watched while b's fault runs (both for HANG_S)
+        error_a = job.wait_for("a", "error", error_s if hk else 0)
         # 2. the server still serves b (a new epoch of b after a's failure); then b dies
         after = job.wait_for("b", "epoch", 60, after=b_epochs)
         res["b_epoch_after_a_failed"] = after[2] if after else None
@@ -420,6 +420,9 @@ def scenario_faults(mode: str) -> None:
         gone, survivors = _gone_within(pids["b"], error_s)
         res["client_kill"] = {"workers_gone_after_s": gone, "survivors": survivors}
         orphans += survivors
+        if error_a is None:
+            error_a = job.wait_for("a", "error", max(0.0, killed_a + error_s - time.monotonic()))
+        res["worker_kill"] = {"victim": victim, **_outcome(error_a, killed_a, "after_kill_s")}
         if hk:
             # 3. c's sampler raised in worker 1 of its producer
             e = job.wait_for("c", "error", 60)
