@@ -330,6 +330,37 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["ring", "thread"])
+def test_a_receive_with_a_timeout_raises_glts_queue_timeout_and_the_next_one_gets_the_message(
+    glt_context: None, mode: str
+) -> None:
+    """``recv(timeout_ms)``, the fetch loop's poll (GLT's server, GiGL's graph store): a
+    live worker that sends nothing makes it raise ``QueueTimeoutError`` after the timeout,
+    not earlier, not never; what comes later is the next receive's."""
+    from graphlearn_torch.channel import QueueTimeoutError, ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    channel = ShmChannel(2, "1MB")
+    sleeper = _spawn_sleeper()
+    receiver = open_receiver(channel, [sleeper], mode=mode, poll_ms=50)  # type: ignore[arg-type]
+    try:
+        t = time.monotonic()
+        with pytest.raises(QueueTimeoutError):
+            receiver.receive(timeout=0.3)
+        assert 0.3 <= time.monotonic() - t < 3.0
+        writer = _spawn_writer(channel, 1)
+        msg, ended = receiver.receive(timeout=60)
+        assert ended == [] and int(msg["i"][0]) == 0
+        del msg
+        writer.join(30)
+        writer.close()
+    finally:
+        _end(receiver, sleeper)
+    del receiver, channel
+    gc.collect()
+
+
+@pytest.mark.timeout(120)
 def test_ctrl_c_while_the_ring_reader_waits_raises_and_the_next_receive_still_works(
     glt_context: None,
 ) -> None:
