@@ -6,6 +6,8 @@ server-client cases run them), each scenario a script run in its own process gro
     $H faults hk       # healthkit_glt server and clients: every fault below, one run
     $H faults stock    # the same with stock GLT (bounded: each hang watched for HANG_S)
     $H network-loss    # healthkit_glt; needs root (a private network namespace)
+    $H network-loss stock
+    $H sampler-error stock   # the server's features cover half the nodes
     $H healthy hk 3    # three epochs, nothing fails (the overhead benchmark's run)
     $H healthy hk 2 healthy,healthy-stock   # a stock GLT client of the same server too
 
@@ -61,16 +63,38 @@ def _log_setup() -> None:
 # --- pieces that run in the server and its sampling workers --------------------------------
 
 
+def seed_repeats() -> int:
+    """How many times an epoch covers the graph's nodes (``$HK_TEST_SEED_REPEATS``, 1)."""
+    return int(os.environ.get("HK_TEST_SEED_REPEATS", "1"))
+
+
 def server_dataset(featured: int = fx.NUM_NODES) -> Any:
-    """The test graph, every node a training seed (``Split.train``)."""
+    """The test graph, every node a training seed (``Split.train``), ``seed_repeats()``
+    times (the benchmark's longer epochs)."""
     import torch
 
     dataset = fx.build_dataset()
     if featured != fx.NUM_NODES:
         dataset.init_node_features(torch.randn(featured, fx.FEATURE_DIM), with_gpu=False)
     empty = torch.empty(0, dtype=torch.long)
-    dataset.init_node_split((torch.arange(fx.NUM_NODES), empty, empty))
+    dataset.init_node_split((torch.arange(fx.NUM_NODES).repeat(seed_repeats()), empty, empty))
     return dataset
+
+
+def job_cpu_s(server_pid: int) -> float:
+    """User + system CPU seconds, every thread, of this client and of the server with every
+    process below it (its sampling workers), from ``/proc/<pid>/stat``."""
+    from healthkit.lowlevel import descendants
+
+    total = 0
+    for pid in (os.getpid(), server_pid, *descendants(server_pid)):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # ended between the listing and the read
+        total += int(fields[11]) + int(fields[12])  # utime and stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def slow_sampler_factory(*, delay: float, **kwargs: Any) -> Any:
@@ -136,11 +160,17 @@ def _loader(mode: str, key: str, sampling_port: int, num_workers: int, **kwargs:
     import graphlearn_torch as glt
     import torch
 
+    prefetch = int(os.environ.get("HK_TEST_PREFETCH", "0")) or min(2, num_workers)
+    capacity = int(os.environ.get("HK_TEST_BUFFER_CAPACITY", "0"))
     options = glt.distributed.RemoteDistSamplingWorkerOptions(
         server_rank=0, num_workers=num_workers, worker_devices=[torch.device("cpu")] * num_workers,
         worker_concurrency=1, master_addr="127.0.0.1", master_port=sampling_port,
-        rpc_timeout=30, num_rpc_threads=1, prefetch_size=min(2, num_workers), worker_key=key,
+        rpc_timeout=30, num_rpc_threads=1, prefetch_size=min(prefetch, num_workers),
+        worker_key=key,
     )  # fmt: skip
+    if capacity:  # both loaders alike: one epoch's batches rule stock's writer stall out
+        options.buffer_capacity = capacity
+        options.prefetch_size = prefetch
     if mode == "hk":
         import healthkit_glt as hg
 
@@ -153,20 +183,34 @@ def _loader(mode: str, key: str, sampling_port: int, num_workers: int, **kwargs:
                worker_options=options, **kwargs)  # fmt: skip
 
 
-def _epoch(loader: Any, delay: float = 0.0, report: Any = None) -> dict[str, Any]:
-    """One epoch; ``report(n)`` after each batch."""
-    seeds: list[int] = []
+def _epoch(
+    loader: Any, delay: float = 0.0, report: Any = None, server_pid: int | None = None
+) -> dict[str, Any]:
+    """One epoch; ``report(n)`` after each batch. With ``server_pid``, the CPU time of the
+    whole job (this client, the server and its workers) over the epoch too."""
+    import torch
+
+    seeds: list[Any] = []
     n = 0
+    cpu = job_cpu_s(server_pid) if server_pid else 0.0
     t = time.monotonic()
     for batch in loader:
         n += 1
-        seeds.extend(int(s) for s in batch.batch)
+        seeds.append(batch.batch.clone())
         del batch
         if report is not None:
             report(n)
         time.sleep(delay)
-    return {"batches": n, "every_seed_once": sorted(seeds) == list(range(fx.NUM_NODES)),
-            "seconds": time.monotonic() - t}  # fmt: skip
+    wall = time.monotonic() - t
+    got = torch.sort(torch.cat(seeds)).values if seeds else torch.empty(0, dtype=torch.long)
+    every = torch.arange(fx.NUM_NODES)
+    out = {"batches": n, "seconds": wall,
+           "every_seed_seen": bool(torch.equal(torch.unique(got), every))}  # fmt: skip
+    if seed_repeats() == 1:  # with repeats, GLT merges a seed that repeats within a batch
+        out["every_seed_once"] = bool(torch.equal(got, every))
+    if server_pid:
+        out["cpu_s"] = job_cpu_s(server_pid) - cpu
+    return out
 
 
 def _error(e: BaseException) -> dict[str, Any]:
@@ -180,6 +224,7 @@ def _error(e: BaseException) -> dict[str, Any]:
         "cause": d.cause.name if d is not None else None,
         "signal": d.signal.name if d is not None and d.signal else None,
         "worker_traceback": getattr(e, "worker_traceback", None),
+        "after_raise_s": time.time() - e.raised_at if getattr(e, "raised_at", None) else None,
     }  # fmt: skip
 
 
@@ -248,8 +293,10 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
     elif role in ("healthy", "healthy-stock"):
+        measure = os.environ.get("HK_TEST_CPU") == "1"
+        server_pid = rpc.rpc_sync(server, os.getpid) if measure else None
         for _ in range(int(os.environ.get("HK_TEST_EPOCHS", "3"))):
-            out.put((role, "epoch", _epoch(loader)))
+            out.put((role, "epoch", _epoch(loader, server_pid=server_pid)))
         t = time.monotonic()
         loader.shutdown()
         out.put((role, "shutdown", time.monotonic() - t))
@@ -465,13 +512,14 @@ def scenario_faults(mode: str) -> None:
         _result(**res)
 
 
-def scenario_network_loss() -> None:
-    """healthkit_glt: the network between a client and its server goes (this network
-    namespace's loopback is taken down); each side must learn it from its lease."""
+def scenario_network_loss(mode: str = "hk") -> None:
+    """The network between a client and its server goes (this network namespace's loopback
+    is taken down): healthkit_glt's sides must learn it from their leases; stock GLT's are
+    watched for as long."""
     _log_setup()
     os.environ["HK_TEST_CONNECTION_TIMEOUT"] = str(CONNECTION_TIMEOUT_S)
-    job = Job("hk", ["solo"])
-    res: dict[str, Any] = {"connection_timeout": CONNECTION_TIMEOUT_S}
+    job = Job(mode, ["solo"])
+    res: dict[str, Any] = {"mode": mode, "connection_timeout": CONNECTION_TIMEOUT_S}
     bound = 3 * CONNECTION_TIMEOUT_S + 10
     try:
         ready = job.wait_for("solo", "ready", READY_S)
@@ -493,6 +541,24 @@ def scenario_network_loss() -> None:
         job.stop_all()
         res["server_stopped"] = bool(job.all("server", "stopped"))
         res["events"] = [str(e)[:200] for e in job.events]
+        _result(**res)
+
+
+def scenario_sampler_error(mode: str) -> None:
+    """The server's node features cover half the nodes: a real GLT feature lookup raises in
+    a live sampling worker (healthkit_glt: the client's error; stock: watched ``HANG_S``)."""
+    _log_setup()
+    job = Job(mode, ["solo"], featured=fx.NUM_NODES // 2)
+    res: dict[str, Any] = {"mode": mode}
+    try:
+        if job.wait_for("solo", "ready", READY_S) is None:
+            res["error"] = "the client never got ready"
+            return
+        ready = time.monotonic()
+        e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
+        res["sampler_error"] = _outcome(e, ready, "after_ready_s")
+    finally:
+        job.stop_all()
         _result(**res)
 
 
@@ -531,19 +597,21 @@ def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> No
 
 SCENARIOS = {
     "faults": lambda a: scenario_faults(*a),
-    "network-loss": lambda a: scenario_network_loss(),
+    "network-loss": lambda a: scenario_network_loss(*a),
+    "sampler-error": lambda a: scenario_sampler_error(*a),
     "healthy": lambda a: scenario_healthy(a[0], *(int(x) for x in a[1:2]), *a[2:]),
 }
 
 
-def run(name: str, args: Sequence[str] = (), timeout: float = 300.0,
-        netns: bool = False) -> stock.Run:  # fmt: skip
+def run(name: str, args: Sequence[str] = (), timeout: float = 300.0, netns: bool = False,
+        env: dict[str, str] | None = None) -> stock.Run:  # fmt: skip
     """Run a scenario in its own process group (and, with ``netns``, its own network
     namespace with only a loopback, up), killed as a group at ``timeout``."""
     prefix = None
     if netns:
         prefix = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
-    return stock.run_script(os.path.abspath(__file__), [name, *args], timeout, prefix=prefix)
+    return stock.run_script(os.path.abspath(__file__), [name, *args], timeout, extra_env=env,
+                            prefix=prefix)  # fmt: skip
 
 
 def netns_available() -> str | None:

@@ -239,6 +239,7 @@ def test_healthkit_server_client_faults_fail_fast_with_who_and_why_and_leave_not
     assert se is not None and se["type"] == "RemoteSamplingError", se
     assert (se["kind"], se["worker_rank"], se["server_rank"]) == ("sampler raised", 1, 0)
     assert se["pid"] == pids["c"][1]
+    assert se["after_raise_s"] < 5.0  # from the worker's report to the client's caller
     assert "IndexError: seed index out of range in _sample_from_nodes" in se["worker_traceback"]
     assert f"sampling worker 1 (pid {se['pid']}) raised while sampling" in se["message"]
     # 4. a rebuilt after b's death: a new producer, a full epoch

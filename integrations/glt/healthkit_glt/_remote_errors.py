@@ -50,6 +50,7 @@ class ServerFailure:
     diagnosis: Diagnosis | None = None
     diagnoses: tuple[Diagnosis, ...] = ()
     worker_traceback: str | None = None
+    raised_at: float | None = None  # a raising worker's time.time() at its report
     at: float = 0.0  # the server's time.time() when the failure was seen
 
 
@@ -59,8 +60,9 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
     ``kind`` says how (see :class:`ServerFailure`; ``"server lost"`` for
     :class:`SamplingServerLostError`); ``server_rank``, ``host`` and ``server_pid`` name the
     server; for a worker that died or raised, ``worker_rank``, ``pid`` and (for a death)
-    ``diagnosis`` / ``diagnoses`` are the worker's, ``worker_traceback`` its traceback. The
-    loader is unusable afterwards: shut it down and build a new one.
+    ``diagnosis`` / ``diagnoses`` are the worker's, ``worker_traceback`` its traceback and
+    ``raised_at`` its ``time.time()`` when it reported. The loader is unusable afterwards:
+    shut it down and build a new one.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
         diagnosis: Diagnosis | None = None,
         diagnoses: tuple[Diagnosis, ...] = (),
         worker_traceback: str | None = None,
+        raised_at: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -87,6 +90,7 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
         self.diagnosis = diagnosis
         self.diagnoses = diagnoses
         self.worker_traceback = worker_traceback
+        self.raised_at = raised_at
 
     @classmethod
     def from_failure(cls, failure: ServerFailure) -> RemoteSamplingError:
@@ -102,6 +106,7 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
             diagnosis=failure.diagnosis,
             diagnoses=failure.diagnoses,
             worker_traceback=failure.worker_traceback,
+            raised_at=failure.raised_at,
         )
 
 

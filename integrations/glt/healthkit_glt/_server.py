@@ -279,7 +279,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             else:
                 failure = self._failure(
                     "sampler raised", str(e), producer_id=producer_id, worker_rank=e.rank,
-                    pid=e.pid, worker_traceback=e.worker_traceback,
+                    pid=e.pid, worker_traceback=e.worker_traceback, raised_at=e.raised_at,
                 )  # fmt: skip
             self._failures[producer_id] = failure
             # Not shared any more: a new client of this worker key gets a new producer.
