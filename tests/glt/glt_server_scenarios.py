@@ -289,7 +289,8 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         while True:
             out.put((role, "epoch", _epoch(loader, delay=0.05)))
     elif role == "c":
-        out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
+        # a slow consumer: a server SIGKILLed 0.3 s after batch 2 lands mid-epoch (stock)
+        out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
     elif role in ("healthy", "healthy-stock"):
@@ -350,6 +351,7 @@ class Job:
             p.start()
             self.clients[role] = p
         self.server_pid = self.server.pid
+        self.removed_segments: list[int] = []
 
     def wait_for(
         self, who: str, what: str, timeout: float, after: int = 0
@@ -382,22 +384,27 @@ class Job:
         self.wait_for("", "", 0)  # take what has arrived
         return [e for e in self.events if e[0] == who and e[1] == what]
 
-    def stop_all(self, orphans: Sequence[int] = ()) -> None:
-        """End every process of the job: clients at once, the server by its SIGTERM
-        (its own bounded shutdown), then whatever of its workers is left, by pid."""
+    def stop_all(self, orphans: Sequence[int] = (), graceful: bool = True) -> None:
+        """End every process of the job: clients at once, the server by its SIGTERM (its
+        own bounded shutdown; with ``graceful=False``, SIGKILL: a stock server's shutdown
+        joins each worker 5 s), then whatever of its workers is left, by pid."""
         from healthkit import stop
 
         workers = list(orphans) + procs.spawned_worker_pids(self.server_pid)
-        stop(list(self.clients.values()), term_timeout=5.0, kill_timeout=5.0, name="clients")
+        term = 5.0 if graceful else 0.0
+        stop(list(self.clients.values()), term_timeout=term, kill_timeout=5.0, name="clients")
 
         def sigterm() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.server_pid, signal.SIGTERM)
 
-        stop([self.server], request=sigterm, grace=30.0, term_timeout=5.0, kill_timeout=5.0,
-             name="server")  # fmt: skip
+        stop([self.server], request=sigterm if graceful else None, grace=30.0 if graceful
+             else 0.0, term_timeout=term, kill_timeout=5.0, name="server")  # fmt: skip
         stop([p for p in workers if procs.alive(p)], term_timeout=0, kill_timeout=5.0,
              name="server workers")  # fmt: skip
+        # A stock server that was SIGKILLed leaves its rings in the kernel for good; the
+        # runner cannot see them (the server is gone from the group by then): remove them.
+        self.removed_segments = procs.remove_orphan_sysv_shm([self.server_pid, *workers])
         self.wait_for("", "", 0.5)  # the last reports
         self.out.cancel_join_thread()
 
@@ -507,7 +514,8 @@ def scenario_faults(mode: str) -> None:
             time.sleep(0.05)
         res["segments_left"] = len(_segments([job.server_pid, *server_workers]))
     finally:
-        job.stop_all(orphans)
+        job.stop_all(orphans, graceful=hk)
+        res["orphan_segments_removed"] = len(job.removed_segments)
         res["events"] = [str(e)[:200] for e in job.events]
         _result(**res)
 
@@ -538,8 +546,9 @@ def scenario_network_loss(mode: str = "hk") -> None:
         res["client_exit"] = job.wait_for("solo", "exit", 30) is not None
         res["server_segments"] = len(_segments([job.server_pid]))
     finally:
-        job.stop_all()
+        job.stop_all(graceful=mode == "hk")
         res["server_stopped"] = bool(job.all("server", "stopped"))
+        res["orphan_segments_removed"] = len(job.removed_segments)
         res["events"] = [str(e)[:200] for e in job.events]
         _result(**res)
 
@@ -558,7 +567,8 @@ def scenario_sampler_error(mode: str) -> None:
         e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
         res["sampler_error"] = _outcome(e, ready, "after_ready_s")
     finally:
-        job.stop_all()
+        job.stop_all(graceful=mode == "hk")
+        res["orphan_segments_removed"] = len(job.removed_segments)
         _result(**res)
 
 
@@ -592,6 +602,7 @@ def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> No
         res["workers_left"] = [p for p in workers if procs.alive(p)]
     finally:
         job.stop_all()
+        res["orphan_segments_removed"] = len(job.removed_segments)
         _result(**res)
 
 

@@ -42,8 +42,11 @@ def _run(name: str, *args: str, netns: bool = False) -> dict[str, Any]:
     r = run.result
     assert "error" not in r, f"{r}\n{run.output[-8000:]}"
     # Nothing of the run's session outlives it, and no SysV segment of its processes is
-    # left (both measured by the runner once the run ended on its own).
+    # left (both measured by the runner once the run ended on its own; a stock server's
+    # rings are counted by the driver, which removes them: see the stock test).
     assert run.survivors == [] and run.leaked_segments == [], r
+    if args[:1] != ("stock",):
+        assert r["orphan_segments_removed"] == 0, r
     return r
 
 
@@ -92,14 +95,14 @@ def test_a_lease_ends_within_a_second_of_its_holders_sigkill_and_not_while_it_is
     lease_server: tuple[_lease.LeaseServer, list[tuple[str, float]]],
 ) -> None:
     """The client's kernel answers keepalive probes while the client is stopped (or its GIL
-    held): 3 x the 2 s connection timeout of silence ends nothing. Its death, however it
-    dies, closes the socket: the lease ends at once."""
+    held): over 2 x the 2 s connection timeout of silence ends nothing. Its death, however
+    it dies, closes the socket: the lease ends at once."""
     server, ended = lease_server
     p, token = _child_with_lease(server)
     try:
         assert server.is_live(token)
         os.kill(p.pid, signal.SIGSTOP)
-        time.sleep(6.0)
+        time.sleep(4.5)  # keepalive would have ended it after about 2 s
         assert server.is_live(token) and ended == [], "a stopped (alive) client lost its lease"
         os.kill(p.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -210,6 +213,7 @@ def test_stock_glt_server_client_hangs_on_each_fault_and_leaks_workers() -> None
     assert sk["hung"] is True and sk["observer"] == "c", sk
     assert sk["survivors"] and set(sk["survivors"]) == set(sk["server_workers"])  # orphans
     assert r["segments_left"] >= 1  # the stock server's rings outlive it
+    assert r["orphan_segments_removed"] >= 1  # (the driver removed them)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
