@@ -10,6 +10,7 @@ server-client cases run them), each scenario a script run in its own process gro
     $H sampler-error stock   # the server's features cover half the nodes
     $H healthy hk 3    # three epochs, nothing fails (the overhead benchmark's run)
     $H healthy hk 2 healthy,healthy-stock   # a stock GLT client of the same server too
+    $H healthy stock 2 healthy,healthy-hk   # a healthkit_glt client of a stock server
 
 ``faults``: one server and three clients, each with its own worker key (so its own
 producer on the server) and its own sampling RPC port:
@@ -247,11 +248,14 @@ def _until_error(
 def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sampling_port: int,
                 out: Any, go: Any) -> None:  # fmt: skip
     """One client; ``role`` is ``a``, ``b``, ``c`` (module docstring), ``solo`` (epochs
-    until an error) or ``healthy`` / ``healthy-stock`` (``$HK_TEST_EPOCHS`` epochs through
-    a healthkit_glt / a stock GLT loader, then GLT's ``shutdown_client()``)."""
+    until an error) or ``healthy`` / ``healthy-stock`` / ``healthy-hk`` (``$HK_TEST_EPOCHS``
+    epochs through a loader of the job's mode / stock GLT's / healthkit_glt's, then GLT's
+    ``shutdown_client()``)."""
     _log_setup()
     if role == "healthy-stock":
         mode = "stock"
+    elif role == "healthy-hk":
+        mode = "hk"
     import graphlearn_torch as glt
     from torch.distributed import rpc
 
@@ -293,7 +297,7 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
-    elif role in ("healthy", "healthy-stock"):
+    elif role in ("healthy", "healthy-stock", "healthy-hk"):
         measure = os.environ.get("HK_TEST_CPU") == "1"
         server_pid = rpc.rpc_sync(server, os.getpid) if measure else None
         for _ in range(int(os.environ.get("HK_TEST_EPOCHS", "3"))):

@@ -200,6 +200,22 @@ def test_healthkit_and_stock_clients_of_a_healthkit_server_run_epochs_and_glts_s
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_healthkit_client_of_a_stock_server_is_served_as_stock_glt_serves_it() -> None:
+    """Swapping only the client's loader: the servers run GLT's own init_server, so there
+    is nothing to hold a lease on; the loader says so once and behaves as GLT's."""
+    run = ssc.run("healthy", ["stock", "2", "healthy,healthy-hk"], timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.output[-8000:]
+    r = run.result
+    for role in ("healthy", "healthy-hk"):
+        c = r["clients"][role]
+        assert c["exit"] and c["exitcode"] == 0, (role, c)
+        assert [(e["batches"], e["every_seed_once"]) for e in c["epochs"]] == [(16, True)] * 2
+    assert "sampling server rank(s) [0] run GLT's own DistServer" in run.output
+    assert r["server_stopped"] and r["server_exitcode"] == 0
+    assert run.survivors == []
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_stock_glt_server_client_hangs_on_each_fault_and_leaks_workers() -> None:
     """Stock GLT 0.2.4 (and from source): a dead sampling worker on the server, a dead
     client and a dead server each leave the clients waiting, or the workers running, for

@@ -14,6 +14,7 @@ functions of :mod:`healthkit_glt._server`. Collocated worker options go to GLT's
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -38,11 +39,13 @@ from graphlearn_torch.utils import get_available_device
 from healthkit import WatchSet
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import DistSamplingProducer
-from healthkit_glt._remote import RemoteFetcher, ServerLink
+from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
 from healthkit_glt._remote_errors import RemoteSamplingError, ServerFailure, ServerHello
-from healthkit_glt._server import serve_create, serve_start_epoch
+from healthkit_glt._server import serve_create, serve_hello, serve_start_epoch
 
 __all__ = ["DistNeighborLoader"]
+
+logger = logging.getLogger("healthkit_glt")
 
 
 class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
@@ -93,13 +96,31 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._remote = isinstance(worker_options, RemoteDistSamplingWorkerOptions)
         self._healthkit = self._remote or isinstance(worker_options, MpDistSamplingWorkerOptions)
         if self._remote:
-            config = SamplingConfig(
-                SamplingType.NODE, num_neighbors, batch_size, shuffle, drop_last, with_edge,
-                collect_features, with_neg=False, with_weight=with_weight, edge_dir=edge_dir,
-                seed=random_seed,
+            hellos, stock = _probe_servers(worker_options)
+            if not stock:
+                config = SamplingConfig(
+                    SamplingType.NODE, num_neighbors, batch_size, shuffle, drop_last,
+                    with_edge, collect_features, with_neg=False, with_weight=with_weight,
+                    edge_dir=edge_dir, seed=random_seed,
+                )  # fmt: skip
+                self._init_remote(
+                    input_nodes, config, to_device, worker_options, producer_kwargs, hellos
+                )
+                return
+            # Servers started with GLT's own init_server: served as stock GLT serves them.
+            producer_kwargs = {k: v for k, v in producer_kwargs.items()
+                               if k not in ("connection_timeout", "fetch_wait")}  # fmt: skip
+            if producer_kwargs:
+                raise TypeError(
+                    f"producer arguments {sorted(producer_kwargs)} need servers started with "
+                    f"healthkit_glt.init_server; server rank(s) {stock} run GLT's own"
+                )
+            logger.warning(
+                "sampling server rank(s) %s run GLT's own DistServer: this loader is served "
+                "as stock GLT serves it (a worker or server that dies there leaves it "
+                "waiting). Start the servers with healthkit_glt.init_server.", stock,
             )  # fmt: skip
-            self._init_remote(input_nodes, config, to_device, worker_options, producer_kwargs)
-            return
+            self._remote = self._healthkit = False
         if not self._healthkit:
             if producer_kwargs:
                 raise TypeError(
@@ -194,6 +215,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         to_device: Any,
         worker_options: Any,
         producer_kwargs: dict[str, Any],
+        hellos: dict[int, ServerHello],
     ) -> None:
         """GLT's ``DistLoader.__init__`` remote branch, with leases and our server calls."""
         from torch.distributed import rpc
@@ -240,7 +262,9 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._input_type = inputs[0].input_type
         try:
             for rank in self._server_rank_list:
-                self._links.append(ServerLink.connect(rank, connection_timeout=timeout))
+                self._links.append(
+                    ServerLink.connect(rank, hellos[rank], connection_timeout=timeout)
+                )
             self._create_remote_producers(inputs, config, worker_options, producer_kwargs)
         except BaseException:
             self._close_links()
@@ -358,6 +382,28 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         else:
             self._shutdowned = False
             super().shutdown()
+
+
+def _probe_servers(worker_options: Any) -> tuple[dict[int, ServerHello], list[int]]:
+    """Ask each server of ``worker_options`` who it is: the hellos of healthkit_glt servers,
+    and the ranks of servers that run GLT's own ``DistServer`` (or lack healthkit_glt)."""
+    from torch.distributed import rpc
+
+    ranks = worker_options.server_rank
+    hellos: dict[int, ServerHello] = {}
+    stock: list[int] = []
+    for rank in ranks if isinstance(ranks, list) else [ranks]:
+        try:
+            hello = rpc.rpc_sync(_rpc_name(rank), serve_hello)
+        except Exception as e:  # the server cannot even unpickle our function
+            if "healthkit_glt" not in str(e):
+                raise
+            hello = None
+        if isinstance(hello, ServerHello):
+            hellos[rank] = hello
+        else:
+            stock.append(rank)
+    return hellos, stock
 
 
 def _remote_inputs(input_nodes: Any, num_servers: int) -> list[Any]:

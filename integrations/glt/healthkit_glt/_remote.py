@@ -36,11 +36,10 @@ from healthkit_glt._lease import Lease
 from healthkit_glt._remote_errors import (
     RemoteSamplingError,
     SamplingServerLostError,
-    ServerFailure,
     ServerHello,
     describe_server,
 )
-from healthkit_glt._server import serve_fetch, serve_hello, serve_release
+from healthkit_glt._server import serve_fetch, serve_release
 
 __all__ = ["RemoteFetcher", "ServerLink"]
 
@@ -70,14 +69,9 @@ class ServerLink:
         self.lease = lease
 
     @classmethod
-    def connect(cls, rank: int, *, connection_timeout: float) -> ServerLink:
-        """Ask the server who it is and take a lease on it."""
-        from torch.distributed import rpc
-
+    def connect(cls, rank: int, hello: ServerHello, *, connection_timeout: float) -> ServerLink:
+        """Take a lease on the server that said ``hello``."""
         name = _rpc_name(rank)
-        hello = rpc.rpc_sync(name, serve_hello)
-        if isinstance(hello, ServerFailure):
-            raise RemoteSamplingError.from_failure(attr_evolve(hello, server_rank=rank))
         try:
             lease = Lease.open(hello.lease_addresses, hello.lease_server_id,
                                timeout_s=connection_timeout)  # fmt: skip
@@ -121,12 +115,6 @@ class ServerLink:
 
     def close(self) -> None:
         self.lease.close()
-
-
-def attr_evolve(failure: ServerFailure, **changes: Any) -> ServerFailure:
-    import attrs
-
-    return attrs.evolve(failure, **changes)
 
 
 class RemoteFetcher:
