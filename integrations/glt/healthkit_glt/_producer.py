@@ -471,12 +471,14 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         STOP, then one shared join of ``stop_timeout`` (default: the constructor's), then
         SIGTERM and ``kill_timeout``, then SIGKILL and ``kill_timeout``. Watching stops
         first, so a worker ending during the teardown is never reported as a failure.
+        ``stop_timeout=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
+        parked in ``send()`` would never read STOP).
         """
         if getattr(self, "_shutdown", True):
             return
         grace = self.stop_timeout if stop_timeout is None else float(stop_timeout)
         self._shutdown = True
-        self._teardown(stop_grace=grace, send_stop=True)
+        self._teardown(stop_grace=grace, send_stop=grace > 0)
 
     def _teardown(self, *, stop_grace: float, send_stop: bool, cleanup: bool = True) -> None:
         _live_producers.discard(self)
