@@ -97,6 +97,7 @@ SC_PLAN = (6, 4)  # blocks per loader, timed epochs per block (after one warm-up
 SC_QUICK_PLAN = (1, 1)
 SC_FAULT_RUNS = 3  # healthkit_glt fault runs per build; stock GLT: one (it hangs each time)
 SC_BLOCK_S = 600.0  # one block (a server and a client, start to exit), at most
+SC_HANG_S = 30.0  # how long each stock GLT hang is watched (the suite watches 5 s)
 SC_TARGETS = [
     Target(
         f"sc.{metric}",
@@ -441,14 +442,15 @@ def _trim(r: dict[str, Any]) -> dict[str, Any]:
 
 def server_client_faults(runs: int) -> dict[str, Any]:
     """``runs`` healthkit_glt fault runs, one stock GLT run (each of its faults watched for
-    ``glt_server_scenarios.HANG_S``), and ``runs`` network-loss runs when this machine can
+    ``SC_HANG_S``), and ``runs`` network-loss runs when this machine can
     make a private network namespace."""
-    out: dict[str, Any] = {"hang_s": ssc.HANG_S, "hk": [], "stock": [], "network": [],
+    hang_env = {"HK_TEST_HANG_S": str(SC_HANG_S)}
+    out: dict[str, Any] = {"hang_s": SC_HANG_S, "hk": [], "stock": [], "network": [],
                            "stock_network": [],
                            "connection_timeout": ssc.CONNECTION_TIMEOUT_S}  # fmt: skip
     for mode, n in (("hk", runs), ("stock", 1)):
         for _ in range(n):
-            run = ssc.run("faults", [mode], timeout=SC_BLOCK_S)
+            run = ssc.run("faults", [mode], timeout=SC_BLOCK_S, env=hang_env)
             r = _trim(run.results[-1]) if run.results else {"error": "no result"}
             r.update(rc=run.returncode, left_processes=len(run.survivors),
                      left_segments=len(run.leaked_segments))  # fmt: skip
@@ -458,7 +460,7 @@ def server_client_faults(runs: int) -> dict[str, Any]:
                   flush=True)  # fmt: skip
     # A raising sampler in stock GLT: its producers take no sampler factory, so the server's
     # data makes the real feature lookup raise.
-    run = ssc.run("sampler-error", ["stock"], timeout=SC_BLOCK_S)
+    run = ssc.run("sampler-error", ["stock"], timeout=SC_BLOCK_S, env=hang_env)
     out["stock_sampler_error"] = _trim(run.results[-1]) if run.results else {"error": "no result"}
     out["netns"] = ssc.netns_available()
     if out["netns"] is None:

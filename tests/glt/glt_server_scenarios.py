@@ -22,7 +22,10 @@ producer on the server) and its own sampling RPC port:
 - client ``b``: epochs with a slow consumer, until the driver SIGKILLs it (after ``a``'s
   failure: the server kept serving it); its producer's workers must then go;
 - client ``c``: its producer's sampler raises in worker 1 (hk), or it is a healthy
-  consumer that sees the server die (stock).
+  consumer that sees the server die (stock);
+- client ``d``, before any fault: two epochs through the *other* kind of loader (a stock GLT
+  loader of the healthkit_glt server; a healthkit_glt loader of the stock server, which
+  falls back to GLT's behaviour), then its loader's shutdown.
 
 Times are ``time.monotonic()`` values (CLOCK_MONOTONIC, one clock for every process here).
 Every process prints ``RESULT {json}`` lines only through the driver.
@@ -50,7 +53,8 @@ import glt_procs as procs
 import glt_stock_hangs as stock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HANG_S = 10.0  # how long a stock hang is watched before it is called one
+# How long a stock hang is watched before it is called one (the benchmark watches longer).
+HANG_S = float(os.environ.get("HK_TEST_HANG_S", "5"))
 READY_S = 180.0  # start-up of a server and its clients, at most (2 cores, shared)
 SLOW_SAMPLE_S = 0.15  # client a's sampler: per batch, so its fetches wait on the server
 CONNECTION_TIMEOUT_S = 4.0  # the leases' keepalive bound in the network-loss scenario
@@ -256,6 +260,8 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         mode = "stock"
     elif role == "healthy-hk":
         mode = "hk"
+    elif role == "d":  # the other kind of loader than the server's
+        mode = "stock" if mode == "hk" else "hk"
     import graphlearn_torch as glt
     from torch.distributed import rpc
 
@@ -263,7 +269,7 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
                                 master_addr="127.0.0.1", master_port=port,
                                 num_rpc_threads=4)  # fmt: skip
     kwargs: dict[str, Any] = {}
-    workers = 1 if role == "b" else 2
+    workers = 1 if role in ("b", "d") else 2
     if role == "a":
         kwargs["sampler_factory"] = functools.partial(slow_sampler_factory, delay=SLOW_SAMPLE_S)
         kwargs["fetch_wait"] = 0.1  # the server answers "not yet" often: that path too
@@ -297,6 +303,13 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
+    elif role == "d":
+        for _ in range(2):
+            out.put((role, "epoch", _epoch(loader)))
+        loader.shutdown()
+        out.put((role, "done", os.getpid()))
+        while True:  # idle until the driver ends it (shutdown_client() would meet the others)
+            time.sleep(3600)
     elif role in ("healthy", "healthy-stock", "healthy-hk"):
         measure = os.environ.get("HK_TEST_CPU") == "1"
         server_pid = rpc.rpc_sync(server, os.getpid) if measure else None
@@ -439,22 +452,26 @@ def _outcome(e: tuple[Any, ...] | None, since: float, key: str) -> dict[str, Any
 
 
 def scenario_faults(mode: str) -> None:
-    """Every fault of the module docstring: one server, three clients."""
+    """Every fault of the module docstring: one server, four clients."""
     _log_setup()
     hk = mode == "hk"
     error_s = 30.0 if hk else HANG_S  # hk: a generous bound; stock: how long we watch
-    job = Job(mode, ["a", "b", "c"])
+    job = Job(mode, ["a", "b", "c", "d"])
     res: dict[str, Any] = {"mode": mode, "server_pid": job.server_pid}
     orphans: list[int] = []
     try:
         pids: dict[str, list[int]] = {}
-        for role in ("a", "b", "c"):
+        for role in ("a", "b", "c", "d"):
             ready = job.wait_for(role, "ready", READY_S)
             if ready is None:
                 res["error"] = f"client {role} not ready within {READY_S:g}s"
                 return
             pids[role] = ready[3]
         res["worker_pids"] = pids
+        # 0. the other kind of loader, served before anything fails
+        done = job.wait_for("d", "done", READY_S)
+        res["mixed"] = {"done": done is not None,
+                        "epochs": [e[2] for e in job.all("d", "epoch")]}  # fmt: skip
         # 1. a sampling worker of a's producer dies while a's fetch waits on the server
         first = job.wait_for("a", "epoch", READY_S)
         res["a_first_epoch"] = first[2] if first else None
