@@ -164,6 +164,13 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
         + "".join(f"  evidence: {e}\n" for e in d.evidence)
         + (f"  hint: {d.hint}\n" if d.hint else "")
     )
+    if d.exception is not None:
+        # The helper's own exception, as the end of a Python traceback reads.
+        text += "  its exception, last frames (full traceback in the record above):\n"
+        for frame in d.exception.frames:
+            first, *source = frame.splitlines() or [""]
+            text += f"    {first.strip()}\n" + "".join(f"      {s.strip()}\n" for s in source)
+        text += f"  {d.exception.summary}\n"
     return {
         "message": {
             "message": f"{ProcessDiedError.__name__}: {event.message}",

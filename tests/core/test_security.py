@@ -639,3 +639,32 @@ def test_error_file_replaces_a_planted_hard_link_and_never_writes_through_it(
     assert st.st_ino != victim.stat().st_ino and st.st_nlink == 1 and st.st_uid == 0
     _written(target)
     assert _temps(shared_dir) == []
+
+
+@needs_root
+@pytest.mark.parametrize("planted", ["their directory", "their symlink"])
+def test_exception_records_are_not_written_where_another_user_planted_the_directory(
+    shared_dir: Path, root_only: Path, planted: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The per-user record directory is predictable (<tmp>/healthkit-<uid>): another user
+    may make it first. Records (tracebacks may hold secrets) then go nowhere, with a
+    warning, and the helper's own exception is what it raises, as always."""
+    from healthkit._records import write_record
+    from healthkit._userdir import RECORD_DIR_ENV
+
+    records = shared_dir / "healthkit-0"
+    if planted == "their directory":
+        as_nobody(lambda: records.mkdir(mode=0o777))
+    else:
+        as_nobody(lambda: os.symlink(root_only, records))
+    monkeypatch.setenv(RECORD_DIR_ENV, str(records))
+    try:
+        raise ValueError("token=secret")
+    except ValueError as e:
+        with caplog.at_level(logging.WARNING, logger="healthkit"):
+            assert write_record(e) is None
+    assert "was not written" in caplog.text and RECORD_DIR_ENV in caplog.text
+    assert list(root_only.iterdir()) == []
+    if planted == "their directory":
+        assert list(records.iterdir()) == []

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import comm_of, kmsg_report
 
 import healthkit as hk
 from healthkit.lowlevel import Verdict, decide
@@ -127,11 +128,12 @@ def test_actions_start_before_the_evidence_is_read_and_the_log_still_has_it(
     kmsg = tmp_path / "kmsg"
     kmsg.write_text((kmsg_dir / "before.txt").read_text())
     p = _start("fork", serve_forever, "sampler-server")
+    comm = comm_of(p.pid)
     seen: list[tuple[hk.Diagnosis, hk.Diagnosis | None]] = []
 
     def first(event: hk.actions.FailureEvent) -> None:
         seen.append((event.brief, wd.fired))
-        record = (kmsg_dir / "after-oom-kill-4242.txt").read_text().replace("4242", str(p.pid))
+        record = kmsg_report("after-oom-kill-4242.txt", p.pid, comm=comm)
         with open(kmsg, "a") as f:
             f.write(record)  # the kernel's record arrives only now
 
