@@ -46,6 +46,8 @@ _open_files: dict[str, tuple[IO[str], int]] = {}
 _atexit_registered = False
 # (pid, start time) -> (signal, monotonic time) of every dump request this process sent.
 _signalled: dict[tuple[int, int | None], tuple[int, float]] = {}
+# Signals this process set to SIG_IGN when it withdrew an opt-in.
+_ignored_by_us: set[int] = set()
 
 
 def stack_file(directory: str, pid: int) -> str:
@@ -70,13 +72,20 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | No
 
 def enable_private_stack_dumps(directory: str) -> str | None:
     """:func:`enable_stack_dumps` in this user's private record directory (made if
-    missing), unless the process already handles the signal itself; quiet on failure
-    beyond one warning, since it runs at every helper's start."""
+    missing), unless the process already handles the signal itself. Returns the file only
+    when this call opted in (so the caller withdraws only what it made): ``None`` when the
+    process had opted in already (a nested wrapped call) or was not opted in."""
+    if stack_file(directory, os.getpid()) in _open_files:
+        return None
     try:
-        if signal.getsignal(DEFAULT_SIGNAL) not in (signal.SIG_DFL, None):
-            logger.debug("stack dumps not enabled: SIGUSR2 already has a handler here")
-            return None
+        handler = signal.getsignal(DEFAULT_SIGNAL)
     except ValueError:
+        return None
+    # SIG_IGN set by an earlier withdrawal of ours (a wrapped function called again) is not
+    # the application's handler.
+    ours = handler == signal.SIG_IGN and int(DEFAULT_SIGNAL) in _ignored_by_us
+    if handler not in (signal.SIG_DFL, None) and not ours:
+        logger.debug("stack dumps not enabled: SIGUSR2 already has a handler here")
         return None
     return _enable(directory, DEFAULT_SIGNAL, private=True)
 
@@ -164,6 +173,7 @@ def _withdraw(path: str, f: IO[str], signum: int) -> None:
     try:
         faulthandler.unregister(signum)
         signal.signal(signum, signal.SIG_IGN)
+        _ignored_by_us.add(signum)
     except Exception:
         pass
     try:

@@ -278,3 +278,36 @@ def test_record_exception_rejects_what_is_not_a_function() -> None:
     with pytest.raises(hk.InvalidArgumentTypeError) as e:
         hk.record_exception(stacks="yes")  # type: ignore[call-overload]
     assert e.value.argument == "stacks"
+
+
+def calls_itself(ready: object, depth: int) -> None:
+    if depth:
+        wrapped_again(ready, depth - 1)  # a nested wrapped call keeps the outer opt-in
+        ready.set()  # type: ignore[attr-defined]
+        time.sleep(120)
+
+
+@hk.record_exception
+def wrapped_again(ready: object, depth: int) -> None:
+    calls_itself(ready, depth)
+
+
+@pytest.mark.timeout(60)
+def test_a_wrapped_function_called_again_or_nested_keeps_its_stacks(records: Path) -> None:
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+
+    def twice_then_nested() -> None:
+        wrapped_again(ready, 0)  # opts in and withdraws
+        wrapped_again(ready, 1)  # opts in again; the nested call leaves it in place
+
+    p = ctx.Process(target=twice_then_nested)
+    p.start()
+    try:
+        assert ready.wait(30) and p.pid is not None
+        stacks = hk.dump_helper_stacks([p.pid], below=False, timeout=10)
+        assert stacks[p.pid] is not None and "in calls_itself" in stacks[p.pid]  # type: ignore[operator]
+    finally:
+        p.kill()
+        p.join(30)
+        p.close()
