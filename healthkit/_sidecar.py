@@ -286,6 +286,7 @@ class _Watched:
         self.name: str = msg["name"]
         self.on_clean_exit = check_on_clean_exit(msg["on_clean_exit"])
         self.pgrp: int | None = msg.get("pgrp")
+        self.start_time: int | None = msg.get("start_time")  # names it: records, kernel log
         self.status = status  # known before watching (ended, or gone already)
 
 
@@ -460,7 +461,8 @@ class _Sidecar:
         subject: ProcessWatch | ExitStatus = (
             entry.watch if entry.watch is not None and entry.watch.status is status else status
         )
-        diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid)
+        diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid,
+                                            start_time=entry.start_time)
         if diagnosis.exit_code == 0 and entry.on_clean_exit != "ignore":
             diagnosis = returned_early(diagnosis)
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])

@@ -95,6 +95,44 @@ def test_each_exit_code_maps_to_its_cause(
     assert hermetic.diagnose(rc).cause is cause  # a bare return code works too
 
 
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, used_kib: int) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (a /dev/shm of our own) with ``used_kib`` of it written, or skip."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        if used_kib:
+            (mnt / "segment").write_bytes(b"\1" * used_kib * 1024)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("used_kib", [1000, 0])
+def test_sigbus_says_whether_shared_memory_has_room_now(tmp_path: Path, used_kib: int) -> None:
+    """Nearly full: "most often /dev/shm exhausted", with how much is left. With room: it
+    says so and names the other causes, instead of a hint the evidence contradicts."""
+    with small_tmpfs(tmp_path, used_kib) as shm:
+        d = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=None, shm_path=str(shm)).diagnose(
+            -7, name="worker", pid=4242
+        )
+    assert d.cause is Cause.BUS_ERROR
+    if used_kib:
+        assert d.likely.startswith("a bus error, most often shared memory (/dev/shm) exhausted")
+        assert d.evidence == (f"{shm}: 24.0 KiB free of 1.0 MiB now (statvfs)",)
+        assert d.hint.startswith("Raise /dev/shm (docker --shm-size")
+    else:
+        assert d.likely.startswith(f"a bus error; {shm} has room now, so either it was full "
+                                   "only at that moment (freed since) or the cause is another")
+        assert "a memory-mapped file truncated under it" in d.likely
+        assert d.evidence == (f"{shm}: 1.0 MiB free of 1.0 MiB now (statvfs)",)
+
+
 def test_core_dump_is_named_in_the_evidence(hermetic: ExitDiagnoser) -> None:
     d = hermetic.diagnose(ExitStatus(-11, "waitid", core_dumped=True))
     assert "core dumped" in d.evidence and "core dumped" in str(d)
@@ -534,6 +572,26 @@ def test_default_diagnoser_reads_this_machines_cgroup() -> None:
     assert diagnoser.cgroup.version == (1 if has_v1_memory else 2)
     assert isinstance(diagnoser.cgroup.oom_kills(), int)
     assert diagnoser.diagnose(0).cause is Cause.CLEAN_EXIT
+
+
+@pytest.mark.timeout(30)
+def test_this_machines_cgroup_figures_are_labelled_or_left_out() -> None:
+    """On this machine's real cgroup: with no limit on it or its parents, its figures (a
+    container's lifetime peak, page cache included) are left out rather than read as the
+    helper's; with a limit, they are shown labelled as the cgroup's, with the limit."""
+    diagnoser = ExitDiagnoser(kmsg_path=None)
+    cg = diagnoser.cgroup
+    if cg is None:
+        pytest.skip("no memory cgroup with an oom_kill counter is readable here")
+    with sigkilled() as w:
+        d = diagnoser.diagnose(w)
+    limit = cg.effective_limit_bytes()
+    figures = [e for e in d.evidence if e.startswith(f"cgroup {cg.name} (v{cg.version}): limit")]
+    if limit is None:
+        assert figures == [], d.evidence
+    else:
+        assert len(figures) == 1 and "(memory.stat)" in figures[0], d.evidence
+    assert not any("peak" in e and "page cache" not in e for e in d.evidence), d.evidence
 
 
 def _child_memory_cgroup() -> MemoryCgroup:

@@ -311,3 +311,39 @@ def test_a_wrapped_function_called_again_or_nested_keeps_its_stacks(records: Pat
         p.kill()
         p.join(30)
         p.close()
+
+
+OWNER_JOINS = """
+import multiprocessing as mp, os, signal, sys, time
+import healthkit as hk
+
+@hk.record_exception
+def loader():
+    time.sleep(0.5)
+    raise ValueError("bad shard 7")
+
+if __name__ == "__main__":
+    p = mp.get_context("fork").Process(target=loader, name="loader")
+    p.start()
+    wd = hk.DisarmableWatchdog([p], mode="sidecar").arm()
+    # Hold the sidecar still while the owner reaps the helper: it then cannot read the
+    # zombie and learns the exit status from the owner, without the helper's watch.
+    os.kill(wd.sidecar_pid, signal.SIGSTOP)
+    p.join()
+    os.kill(wd.sidecar_pid, signal.SIGCONT)
+    time.sleep(60)
+    print("NOT STOPPED", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_sidecar_names_the_exception_of_a_helper_its_owner_reaped(records: Path) -> None:
+    proc = subprocess.run([PYTHON, "-c", OWNER_JOINS], capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == -15, proc.stderr  # stopped by the sidecar
+    assert "NOT STOPPED" not in proc.stdout
+    assert re.search(
+        r"healthkit watchdog \(sidecar\): loader \(pid \d+\) exited with code 1: it raised "
+        r"ValueError: bad shard 7 at <string>:8 in loader \[exception record ",
+        proc.stderr,
+    ), proc.stderr
