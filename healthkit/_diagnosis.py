@@ -474,7 +474,7 @@ class ExitDiagnoser:
         kill: OomKill | None = None
         if self._kmsg is not None and pid is not None:
             kills = self._kmsg.oom_kills(pid) or []
-            comm = self._comm(pid, start_time)
+            comm = self._comm(pid, start_time) if kills else None
             ours = [k for k in kills if _is_this_process(k, start_time, comm, observed)]
             if ours:
                 kill = ours[-1]
