@@ -35,15 +35,20 @@ def _return_code(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _pid(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    try:
-        return check_pid(value, "--pid")
-    except HealthkitError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _pid(flag: str) -> Callable[[str], int]:
+    """An argparse type: a pid, errors naming ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        try:
+            return check_pid(value, flag)
+        except HealthkitError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
     explain.add_argument("exit_code", type=_return_code,
                          help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N)")
-    explain.add_argument("--pid", type=_pid, help="the pid, to look for kernel OOM records")
+    explain.add_argument("--pid", type=_pid("--pid"),
+                         help="the pid, to read this machine's evidence (kernel OOM records)")
     explain.add_argument("--name", help="the process's name, for the message")
     stacks = sub.add_parser(
         "stacks",
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "process of this user that opted in. A process that did not opt in is never "
         "signalled (the signal would kill it).",
     )
-    stacks.add_argument("pids", nargs="*", type=_pid, metavar="PID",
+    stacks.add_argument("pids", nargs="*", type=_pid("PID"), metavar="PID",
                         help="processes to ask, with their descendants")
     stacks.add_argument("--no-descendants", action="store_true",
                         help="ask only the pids given, not the processes below them")

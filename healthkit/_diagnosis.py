@@ -267,14 +267,18 @@ class ExitDiagnoser:
             )
         if pid is not None:
             check_pid(pid)
-        if start_time is not None and (
-            isinstance(start_time, bool) or not isinstance(start_time, int) or start_time < 0
-        ):
-            raise InvalidArgumentTypeError(
-                f"start_time must be a process start time in clock ticks (an int >= 0), got "
-                f"{start_time!r}",
-                "start_time",
-            )
+        if start_time is not None:
+            if isinstance(start_time, bool) or not isinstance(start_time, int):
+                raise InvalidArgumentTypeError(
+                    "start_time must be a process start time in clock ticks since boot (an "
+                    f"int, /proc/<pid>/stat field 22), got {start_time!r}",
+                    "start_time",
+                )
+            if start_time < 0:
+                raise InvalidArgumentError(
+                    f"start_time must be >= 0 (clock ticks since boot), got {start_time}",
+                    "start_time",
+                )
         diagnosis = self._diagnose(status, name, pid, start_time, peak_rss_bytes, evidence)
         if evidence and diagnosis.abnormal and pid is not None and start_time is not None:
             found = find_record(pid, start_time, self.records) if self.records else None
