@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -35,6 +36,8 @@ def test_doc_example_runs(where: str, code: str, tmp_path: Path) -> None:
     # Examples elide bodies with "...", which is valid Python; run them as a script so the
     # __main__ guard and spawn-based multiprocessing behave as for a user.
     script.write_text(code)
+    # Helpers' exception records (healthkit.record_exception) go to this test's directory.
+    env = {**os.environ, "HEALTHKIT_RECORD_DIR": str(tmp_path / "records")}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100, cwd=tmp_path)
+                          timeout=100, cwd=tmp_path, env=env)
     assert proc.returncode == 0, f"{where} failed:\n{proc.stdout}\n{proc.stderr}"
