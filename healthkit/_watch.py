@@ -319,6 +319,12 @@ class ProcessWatch:
         return self._closed
 
     @property
+    def start_time(self) -> int | None:
+        """The process's start time (``/proc/<pid>/stat`` field 22, clock ticks after boot),
+        read when the watch was opened: with the pid, it names the process for good."""
+        return self._start_time
+
+    @property
     def peak_rss_bytes(self) -> int | None:
         """Highest resident set size seen by :meth:`sample_rss` while the process lived."""
         return self._peak_rss
