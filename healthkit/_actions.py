@@ -20,8 +20,14 @@ from typing import Protocol
 import attrs
 
 from healthkit._diagnosis import Diagnosis
-from healthkit._errors import ProcessDiedError, check_exit_code
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ProcessDiedError,
+    check_exit_code,
+)
 from healthkit._safefile import UnsafePathError, write_file
+from healthkit._stopsignals import STOP_SIGNALS
 
 __all__ = [
     "Action",
@@ -254,6 +260,36 @@ def terminate_helper_tree() -> None:
         watch.close()
 
 
+def _check_signum(signum: object) -> int:
+    """A signal ``raise_in_main_thread`` can use: catchable, and not one that means "stop"."""
+    if isinstance(signum, bool) or not isinstance(signum, int):
+        raise InvalidArgumentTypeError(
+            f"signum must be a signal number (an int such as signal.SIGUSR1), got {signum!r}",
+            "signum",
+        )
+    try:
+        sig = signal.Signals(signum)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"signum {signum} is not a signal on this system; use signal.SIGUSR1 or SIGUSR2",
+            "signum",
+        ) from None
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise InvalidArgumentError(
+            f"signum {sig.name} cannot be caught, so no handler can raise; use signal.SIGUSR1 "
+            "or SIGUSR2",
+            "signum",
+        )
+    if sig in STOP_SIGNALS:
+        raise InvalidArgumentError(
+            f"signum {sig.name} means 'stop' to launchers and to healthkit's stop detection "
+            "(sending it would read as this process being stopped); use signal.SIGUSR1 or "
+            "SIGUSR2",
+            "signum",
+        )
+    return int(sig)
+
+
 class raise_in_main_thread:
     """Raise :class:`ProcessDiedError` in the main thread, for users who want an exception.
 
@@ -267,7 +303,7 @@ class raise_in_main_thread:
     """
 
     def __init__(self, signum: int = signal.SIGUSR1) -> None:
-        self.signum = signum
+        self.signum = _check_signum(signum)
         self._event: FailureEvent | None = None
         self._previous: signal.Handlers | Callable[..., object] | int | None = None
         self._installed = False
