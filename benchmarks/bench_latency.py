@@ -14,6 +14,10 @@ all of them alike:
   process kills the helper and times until the *owner* is dead (its pidfd is readable).
   After each sidecar trial, the evidence the sidecar reads before it stops the owner is
   timed here with the sidecar's code (a proxy, reported as one).
+- ``healthkit thread, death by ...``: the same watchdog, a helper that dies every way a
+  helper dies (SIGKILL, SIGSEGV, an uncaught exception, ``sys.exit(3)``, an early exit 0,
+  SIGTERM sent to it alone), no stop under way; latency = CLOCK_MONOTONIC in the action minus
+  the helper's last act before its death (a stamp in shared memory; see ``die_on_cue``).
 - ``pidfd poll (floor)``: the killing thread itself blocks in ``poll()`` on the helper's
   pidfd, with no healthkit code between the kill and the wake-up.
 - the anchors' own code, in a torch process of its own (``_torch_anchors.py``):
@@ -84,6 +88,17 @@ THREAD_KEYS = {
     (False, False): "healthkit thread, kernel-log scan off",
     (True, False): "healthkit thread, kernel-log scan off, main thread CPU-busy",
 }
+# Every way a helper dies, no stop under way: the helper's last act before its death ->
+# the action (thread mode).
+DEATH_KINDS = ("sigkill", "sigsegv", "exception", "exit3", "exit0", "sigterm")
+DEATH_KEYS = {
+    "sigkill": "healthkit thread, death by SIGKILL",
+    "sigsegv": "healthkit thread, death by SIGSEGV",
+    "exception": "healthkit thread, death by an uncaught exception (exit 1)",
+    "exit3": "healthkit thread, death by sys.exit(3)",
+    "exit0": "healthkit thread, death by an early exit 0",
+    "sigterm": "healthkit thread, death by SIGTERM to the helper alone",
+}
 SIDECAR_KEY = "healthkit sidecar: kill to owner dead"
 THREAD_E2E_KEY = "healthkit thread (default actions): kill to owner dead"
 FLOOR_KEY = "pidfd poll in the killing thread (floor)"
@@ -102,6 +117,7 @@ GLT_ANCHOR = "#fault-matrix-per-supported-graphlearn-torch-build"
 # Trials per method in a full run; every method that shows a p99 has at least 1,000.
 FULL_N = {
     **{key: 1000 for key in THREAD_KEYS.values()},
+    **{key: 1000 for key in DEATH_KEYS.values()},
     SIDECAR_KEY: 1000,
     THREAD_E2E_KEY: 1000,
     FLOOR_KEY: 1000,
@@ -162,6 +178,21 @@ TARGETS = [
         FULL_N[THREAD_KEYS[(False, True)]],
         relative_to=FLOOR_KEY,
     ),
+    # Every kind of death is decided at once when no stop is under way: none waits more than
+    # SIGKILL does (within 2x of the same run's SIGKILL p99).
+    *(
+        Target(
+            DEATH_KEYS[kind],
+            f"{DEATH_KEYS[kind]}: p99 < 2x the same run's death by SIGKILL p99",
+            "p99",
+            2.0,
+            "x",
+            1000,
+            relative_to=DEATH_KEYS["sigkill"],
+        )
+        for kind in DEATH_KINDS
+        if kind != "sigkill"
+    ),
     Target(
         THREAD_KEYS[(True, True)],
         "healthkit thread, CPU-busy main thread: p99 < 30 ms",
@@ -220,6 +251,74 @@ def trial_thread(busy: bool = False, kmsg: bool = True) -> tuple[float, float] |
     if not got:
         return None
     return (got[0][0] - t0) / 1e9, got[0][1] - t0 / 1e9
+
+
+class _StampOnFlush:
+    """A helper's stderr whose every flush stamps the time: multiprocessing's bootstrap
+    flushes the standard streams as its last act before the process exits, after the
+    traceback of an uncaught exception was printed."""
+
+    def __init__(self, stream: Any, stamp: Any) -> None:
+        self._stream, self._stamp = stream, stamp
+
+    def write(self, text: str) -> int:
+        return int(self._stream.write(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._stamp.value = now_ns()
+
+
+def die_on_cue(kind: str, stamp: Any) -> None:
+    """A helper that, on SIGUSR1, dies ``kind``, stamping the time into shared memory as its
+    last act: just before the crash for SIGSEGV; for a Python ending, at the last flush of
+    its stderr, just before the process exits."""
+    import ctypes
+    import faulthandler
+
+    def die(signum: int, frame: object) -> None:
+        faulthandler.disable()  # a crash without a dump, as in production
+        if kind == "sigsegv":
+            stamp.value = now_ns()
+            ctypes.string_at(0)
+        sys.stderr = _StampOnFlush(sys.stderr, stamp)  # type: ignore[assignment]
+        if kind == "exception":
+            raise RuntimeError("the helper failed")
+        sys.exit(3 if kind == "exit3" else 0)
+
+    signal.signal(signal.SIGUSR1, die)
+    stamp.value = -1  # ready for the cue
+    time.sleep(3600)
+
+
+def trial_death(kind: str) -> float | None:
+    """The helper's last stamp before its death -> the watchdog's action, in seconds."""
+    stamp = FORK.Value("q", 0, lock=False)
+    helper = FORK.Process(target=die_on_cue, args=(kind, stamp), name="helper", daemon=True)
+    helper.start()
+    got: list[int] = []
+    done = threading.Event()
+
+    def record(event: hk.actions.FailureEvent) -> None:
+        got.append(now_ns())
+        done.set()
+
+    wd = hk.DisarmableWatchdog([helper], actions=[record], name="bench").arm()
+    ready_by = time.monotonic() + THREAD_GIVE_UP_S
+    while stamp.value != -1 and time.monotonic() < ready_by:  # its handler is installed
+        time.sleep(0.001)
+    time.sleep(random.uniform(0.002, 0.01))  # the watcher blocked in epoll_wait
+    if kind in ("sigkill", "sigterm"):
+        stamp.value = now_ns()
+        os.kill(helper.pid, signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
+    else:
+        os.kill(helper.pid, signal.SIGUSR1)
+    done.wait(THREAD_GIVE_UP_S)
+    wd.disarm()
+    _finish_helper(helper)
+    if not got or stamp.value <= 0:
+        return None
+    return (got[0] - stamp.value) / 1e9
 
 
 def trial_pidfd_floor() -> float | None:
@@ -524,6 +623,9 @@ def run(quick: bool) -> dict[str, Any]:
     for (busy, kmsg), key in THREAD_KEYS.items():
         methods[key] = thread(busy, kmsg, key)
         give_up[key] = THREAD_GIVE_UP_S
+    for kind, key in DEATH_KEYS.items():
+        methods[key] = lambda kind=kind: trial_death(kind)  # type: ignore[misc]
+        give_up[key] = THREAD_GIVE_UP_S
     methods[SIDECAR_KEY] = owner("sidecar", SIDECAR_KEY)
     methods[THREAD_E2E_KEY] = owner("thread", THREAD_E2E_KEY)
     methods[FLOOR_KEY] = trial_pidfd_floor
@@ -761,6 +863,15 @@ def markdown(lat: dict[str, Any], page: Page) -> list[str]:
         "spins a pure-Python loop meanwhile (switch interval "
         f"{lat['switch_interval_s'] * 1e3:g} ms). *kernel-log scan off*: the same with "
         "`ExitDiagnoser(kmsg_path=None)`."
+    )
+    L.append(
+        "- *death by ...*: the same watchdog; the helper dies every way a helper dies, with no "
+        "stop under way. The clock starts at the helper's last act before its death, a stamp "
+        "in shared memory: for SIGKILL and SIGTERM, written by the killing thread just before "
+        "`os.kill`; for SIGSEGV, by the helper just before it dereferences NULL; for an "
+        "exception, `sys.exit(3)` and an early exit 0, at the last flush of the helper's "
+        "stderr, which `multiprocessing`'s bootstrap makes after the target ended (the "
+        "traceback already printed), just before the process exits."
     )
     rc = lat["extra"]["owner_returncodes"]
     logged = lat["extra"]["owner_logged"]

@@ -2,7 +2,8 @@
 
 The four pieces (:class:`ProcessWatch`/:class:`WatchSet`, :class:`ExitDiagnoser`,
 :class:`DisarmableWatchdog`, :class:`BoundedBarrier`), the one way to stop processes
-(:func:`stop`), their value types and their errors live here. Watchdog actions are in
+(:func:`stop`), the helper side (:func:`record_exception`, :func:`dump_helper_stacks`), their
+value types and their errors live here. Watchdog actions are in
 :mod:`healthkit.actions`; the plumbing under them in :mod:`healthkit.lowlevel`. The modules
 whose names start with an underscore are private.
 """
@@ -28,8 +29,11 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
+from healthkit._records import HelperException, record_exception
 from healthkit._sidecar import SidecarError
+from healthkit._stacks import dump_helper_stacks
 from healthkit._stop import StopReport, stop
+from healthkit._userdir import record_dir
 from healthkit._version import __version__ as __version__
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
@@ -44,6 +48,7 @@ __all__ = [
     "ExitDiagnoser",
     "ExitStatus",
     "HealthkitError",
+    "HelperException",
     "InterpreterShutdownError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
@@ -60,6 +65,9 @@ __all__ = [
     "WatchClosedError",
     "WatchSet",
     "actions",
+    "dump_helper_stacks",
     "lowlevel",
+    "record_dir",
+    "record_exception",
     "stop",
 ]

@@ -7,13 +7,10 @@ if the log handler is broken).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import secrets
 import signal
-import stat
 import sys
 import threading
 import time
@@ -23,7 +20,14 @@ from typing import Protocol
 import attrs
 
 from healthkit._diagnosis import Diagnosis
-from healthkit._errors import ProcessDiedError, check_exit_code
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ProcessDiedError,
+    check_exit_code,
+)
+from healthkit._safefile import UnsafePathError, write_file
+from healthkit._stopsignals import STOP_SIGNALS
 
 __all__ = [
     "Action",
@@ -166,6 +170,13 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
         + "".join(f"  evidence: {e}\n" for e in d.evidence)
         + (f"  hint: {d.hint}\n" if d.hint else "")
     )
+    if d.exception is not None:
+        # The helper's own exception, as the end of a Python traceback reads.
+        text += "  its exception, last frames (full traceback in the record above):\n"
+        for frame in d.exception.frames:
+            first, *source = frame.splitlines() or [""]
+            text += f"    {first.strip()}\n" + "".join(f"      {s.strip()}\n" for s in source)
+        text += f"  {d.exception.summary}\n"
     return {
         "message": {
             "message": f"{ProcessDiedError.__name__}: {event.message}",
@@ -180,14 +191,12 @@ class write_torchelastic_error_file:
 
     Written atomically (temp file + rename) so torchrun never reads half a file. ``path``
     overrides the environment variable. The path comes from the environment and this often
-    runs as root, so the write refuses (logs a warning, writes nothing) rather than replace
-    something it must not: a target that exists and is not a regular file (a device node, a
-    directory), a symlink owned by another user (one owned by us or root is followed), or a
-    directory owned by another user or that others can write to without the sticky bit
-    (they could swap the file between our check and the rename, or afterwards). The temp
-    file gets a random name in the target's directory, is created with
-    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a symlink planted there is never followed) and is removed
-    if anything fails.
+    runs as root, so it is resolved by :mod:`healthkit._safefile`, one directory at a time
+    without following a symlink another user could have planted at any component, and the
+    write refuses (logs a warning, writes nothing) rather than replace something it must not:
+    a target that exists and is not a regular file (a FIFO, a device node, a directory) or is
+    another user's, a symlink owned by another user (one owned by us or root is followed), or
+    a directory owned by another user or that others can write to without the sticky bit.
     """
 
     path: str | None = None
@@ -198,114 +207,13 @@ class write_torchelastic_error_file:
             return
         data = json.dumps(error_file_payload(event)).encode()
         try:
-            write_error_file(path, data)
-        except ErrorFileRefused as e:
-            logger.warning("not writing the torchelastic error file %r: %s", path, e)
-
-
-class ErrorFileRefused(Exception):
-    """Internal: the error file's target failed a safety check (the reason is the text)."""
-
-
-_MAX_SYMLINKS = 8
-
-
-def _resolve_target(path: str) -> str:
-    """Follow symlinks at ``path`` while they are owned by us or root; refuse any other."""
-    me = os.geteuid()
-    for _ in range(_MAX_SYMLINKS):
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return path
-        except OSError as e:
-            raise ErrorFileRefused(f"cannot inspect it ({e.strerror})") from None
-        if not stat.S_ISLNK(st.st_mode):
-            if not stat.S_ISREG(st.st_mode):
-                raise ErrorFileRefused(
-                    f"{path!r} exists and is not a regular file ({_kind(st.st_mode)})"
-                )
-            return path
-        if st.st_uid not in (me, 0):
-            raise ErrorFileRefused(
-                f"{path!r} is a symlink owned by uid {st.st_uid}, neither this user nor root"
+            write_file(path, data, mode=0o644)
+        except UnsafePathError as e:
+            logger.warning(
+                "not writing the torchelastic error file %r: %s. Point %s at a directory of "
+                "this user's (torchrun's own default is one)",
+                path, e, TORCHELASTIC_ERROR_FILE,
             )
-        link = os.readlink(path)
-        path = os.path.join(os.path.dirname(path), link)
-    raise ErrorFileRefused(f"more than {_MAX_SYMLINKS} symlinks")
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def write_error_file(path: str, data: bytes) -> None:
-    """Atomically put ``data`` at ``path`` under the checks described on
-    :class:`write_torchelastic_error_file`; raises :class:`ErrorFileRefused` or
-    ``OSError``, and never leaves a temp file behind."""
-    target = _resolve_target(path)
-    directory = os.path.dirname(target) or "."
-    base = os.path.basename(target)
-    if not base:
-        raise ErrorFileRefused(f"{path!r} names a directory, not a file")
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise ErrorFileRefused(f"its directory {directory!r}: {e.strerror}") from None
-    try:
-        dst = os.fstat(dir_fd)
-        if dst.st_uid not in (os.geteuid(), 0):
-            raise ErrorFileRefused(
-                f"its directory {directory!r} is owned by uid {dst.st_uid}, neither this user "
-                "nor root, so that user could replace the file; point "
-                f"{TORCHELASTIC_ERROR_FILE} at a directory of this user's"
-            )
-        if dst.st_mode & stat.S_IWOTH and not dst.st_mode & stat.S_ISVTX:
-            raise ErrorFileRefused(
-                f"its directory {directory!r} is writable by every user and has no sticky "
-                "bit, so another user could replace the file; point "
-                f"{TORCHELASTIC_ERROR_FILE} at a private directory"
-            )
-        tmp = f".{base}.healthkit-{secrets.token_hex(8)}.tmp"
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o644,
-            dir_fd=dir_fd,
-        )
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            # Checked again on the final name just before the rename: it may have changed.
-            try:
-                st = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-            else:
-                if not stat.S_ISREG(st.st_mode):
-                    raise ErrorFileRefused(
-                        f"{target!r} became {_kind(st.st_mode)} while it was being written"
-                    )
-            os.replace(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)
 
 
 @attrs.frozen
@@ -352,6 +260,36 @@ def terminate_helper_tree() -> None:
         watch.close()
 
 
+def _check_signum(signum: object) -> int:
+    """A signal ``raise_in_main_thread`` can use: catchable, and not one that means "stop"."""
+    if isinstance(signum, bool) or not isinstance(signum, int):
+        raise InvalidArgumentTypeError(
+            f"signum must be a signal number (an int such as signal.SIGUSR1), got {signum!r}",
+            "signum",
+        )
+    try:
+        sig = signal.Signals(signum)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"signum {signum} is not a signal on this system; use signal.SIGUSR1 or SIGUSR2",
+            "signum",
+        ) from None
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise InvalidArgumentError(
+            f"signum {sig.name} cannot be caught, so no handler can raise; use signal.SIGUSR1 "
+            "or SIGUSR2",
+            "signum",
+        )
+    if sig in STOP_SIGNALS:
+        raise InvalidArgumentError(
+            f"signum {sig.name} means 'stop' to launchers and to healthkit's stop detection "
+            "(sending it would read as this process being stopped); use signal.SIGUSR1 or "
+            "SIGUSR2",
+            "signum",
+        )
+    return int(sig)
+
+
 class raise_in_main_thread:
     """Raise :class:`ProcessDiedError` in the main thread, for users who want an exception.
 
@@ -365,7 +303,7 @@ class raise_in_main_thread:
     """
 
     def __init__(self, signum: int = signal.SIGUSR1) -> None:
-        self.signum = signum
+        self.signum = _check_signum(signum)
         self._event: FailureEvent | None = None
         self._previous: signal.Handlers | Callable[..., object] | int | None = None
         self._installed = False

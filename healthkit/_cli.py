@@ -1,19 +1,25 @@
-"""The ``healthkit`` command: demo, doctor, explain."""
+"""The ``healthkit`` command: demo, doctor, explain, stacks."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from healthkit._errors import HealthkitError, check_bound, check_pid
 from healthkit._version import __version__
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        return check_bound(float(text), "--hang-timeout")
-    except (ValueError, HealthkitError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _seconds(flag: str) -> Callable[[str], float]:
+    """An argparse type: a positive number of seconds, errors naming ``flag``."""
+
+    def parse(text: str) -> float:
+        try:
+            return check_bound(float(text), flag)
+        except (ValueError, HealthkitError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def _return_code(text: str) -> int:
@@ -29,15 +35,20 @@ def _return_code(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _pid(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    try:
-        return check_pid(value, "--pid")
-    except HealthkitError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _pid(flag: str) -> Callable[[str], int]:
+    """An argparse type: a pid, errors naming ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        try:
+            return check_pid(value, flag)
+        except HealthkitError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from healthkit._demo import SCENARIOS
 
     demo.add_argument("--scenario", choices=SCENARIOS, default="server-oom")
-    demo.add_argument("--hang-timeout", type=_positive_seconds, default=20.0,
+    demo.add_argument("--hang-timeout", type=_seconds("--hang-timeout"), default=20.0,
                       help="how long to let the job without healthkit hang (default 20 s)")
     doctor = sub.add_parser("doctor", help="what this machine supports and what healthkit uses")
     doctor.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
@@ -63,8 +74,27 @@ def main(argv: list[str] | None = None) -> int:
     explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
     explain.add_argument("exit_code", type=_return_code,
                          help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N)")
-    explain.add_argument("--pid", type=_pid, help="the pid, to look for kernel OOM records")
+    explain.add_argument("--pid", type=_pid("--pid"),
+                         help="the pid, to read this machine's evidence (kernel OOM records)")
     explain.add_argument("--name", help="the process's name, for the message")
+    stacks = sub.add_parser(
+        "stacks",
+        help="print the Python stacks of running helpers (those that opted in, e.g. with "
+        "healthkit.record_exception)",
+        description="Ask running processes for their Python stacks. Give a rank's pid to "
+        "ask it and every process below it (its helpers); give none to ask every live "
+        "process of this user that opted in. A process that did not opt in is never "
+        "signalled (the signal would kill it).",
+    )
+    stacks.add_argument("pids", nargs="*", type=_pid("PID"), metavar="PID",
+                        help="processes to ask, with their descendants")
+    stacks.add_argument("--no-descendants", action="store_true",
+                        help="ask only the pids given, not the processes below them")
+    stacks.add_argument("--timeout", type=_seconds("--timeout"), default=2.0,
+                        help="how long to wait for the answers (default 2 s)")
+    stacks.add_argument("--dir", default=None,
+                        help="the opt-in directory (default: $HEALTHKIT_RECORD_DIR, else "
+                        "<tmp>/healthkit-<uid>)")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -77,8 +107,42 @@ def main(argv: list[str] | None = None) -> int:
 
         return report(sys.stdout, proc_root=args.proc_root, cgroup_root=args.cgroup_root,
                       kmsg_path=args.kmsg, shm_path=args.shm)
+    if args.command == "stacks":
+        return _print_stacks(args.pids or None, not args.no_descendants, args.dir,
+                             args.timeout)
     from healthkit._diagnosis import ExitDiagnoser
 
-    diagnoser = ExitDiagnoser(history=True)
-    print(diagnoser.diagnose(args.exit_code, pid=args.pid, name=args.name))
+    # Without a pid, the code may come from another machine's log: this machine's cgroup,
+    # kernel log and /dev/shm say nothing about it.
+    diagnoser = ExitDiagnoser(history=True, local_evidence=args.pid is not None)
+    try:
+        print(diagnoser.diagnose(args.exit_code, pid=args.pid, name=args.name))
+    finally:
+        diagnoser.close()
     return 0
+
+
+def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | None,
+                  timeout: float) -> int:
+    """Print each process's stacks; exit 1 when none answered (nothing to show)."""
+    from healthkit._proc import read_proc_stat
+    from healthkit._stacks import dump_helper_stacks, is_opted_in
+    from healthkit._userdir import record_dir
+
+    directory = directory or record_dir()
+    stacks = dump_helper_stacks(pids, below=descendants, directory=directory,
+                                timeout=timeout)
+    if not stacks:
+        print(f"no running process has opted in to stack dumps in {directory}")
+        return 1
+    for pid, text in stacks.items():
+        stat = read_proc_stat(pid)
+        who = f"pid {pid}" + (f" ({stat.comm})" if stat is not None else " (gone)")
+        if text is not None:
+            print(f"=== {who}:\n{text.rstrip()}")
+        elif is_opted_in(directory, pid):
+            print(f"=== {who}: opted in, but did not answer within {timeout:g} s")
+        else:
+            print(f"=== {who}: not opted in to stack dumps (healthkit.record_exception or "
+                  "healthkit.lowlevel.enable_stack_dumps)")
+    return 0 if any(stacks.values()) else 1

@@ -1,15 +1,30 @@
-"""The firing rule: one pure function, used by the watcher thread and the sidecar alike."""
+"""The firing rule: one pure function, the only thing that decides, in the watcher thread and
+in the sidecar alike.
+
+Its inputs are everything the verdict depends on, so the whole rule is one table
+(``tests/core/test_decision_table.py`` plays every combination):
+
+* how the process ended (``status``), whether the watchdog is ``armed``, what an exit 0 means
+  for it (``on_clean_exit``);
+* whether healthkit itself ended it (:func:`healthkit.stop`);
+* the stop episode of the owner under way at ``now``, if any (``stop``: which signal, when it
+  began), ``stop_grace`` (how long an owner may take to end after a stop before a death it
+  excused is reported after all), and whether the helper is in the owner's process group;
+* whether the owner is exiting (interpreter shutdown) or already gone.
+"""
 
 from __future__ import annotations
 
 import enum
 from typing import Literal
 
+import attrs
+
 from healthkit._errors import InvalidArgumentError
-from healthkit._stopsignals import STOP_SIGNALS
+from healthkit._stopsignals import STOP_SIGNALS, StopEpisode
 from healthkit._watch import ExitStatus
 
-__all__ = ["OnCleanExit", "Verdict", "check_on_clean_exit", "decide", "stop_like"]
+__all__ = ["Decision", "OnCleanExit", "Verdict", "check_on_clean_exit", "decide", "stop_like"]
 
 #: What an exit 0 while armed means for one watched process: "fail" (it was meant to run
 #: until disarmed: returning early leaves its clients waiting), "warn" (log it, do not act)
@@ -29,17 +44,27 @@ class Verdict(enum.Enum):
     """What the watchdog does about one observation."""
 
     KEEP_WATCHING = "keep watching"  # still running
-    IGNORE = "ignore"  # disarmed, part of a stop, or an exit that is allowed
+    IGNORE = "ignore"  # disarmed, ended by healthkit, part of a stop, or allowed to end
     WARN = "warn"  # log it, do not act (early clean exit under "warn", or an unknown status)
+    DEFER = "defer"  # log it now; decide again at ``Decision.until`` (a stop is under way)
     FIRE = "fire"  # run the actions
 
 
-def stop_like(status: ExitStatus) -> bool:
-    """Could this ending be the helper's share of a stop signal sent to its whole group?
+@attrs.frozen
+class Decision:
+    """A verdict, why, and for :attr:`Verdict.DEFER` when to decide again."""
 
-    Death by SIGTERM, SIGINT or SIGHUP, and any exit code: a forked helper inherits the
-    owner's Python handlers and ends however they end (``sys.exit(0)``, a
-    ``KeyboardInterrupt`` exiting 1, ...). Deaths by SIGKILL or a crash signal never are.
+    verdict: Verdict
+    reason: str
+    until: float | None = None
+
+
+def stop_like(status: ExitStatus) -> bool:
+    """Could this ending be the helper's share of a stop?
+
+    Death by SIGTERM, SIGINT or SIGHUP, any exit code (a forked helper inherits the owner's
+    Python handlers and ends however they end: ``sys.exit(0)``, a ``KeyboardInterrupt``
+    exiting 1, ...), and an unknown status. Deaths by SIGKILL or a crash signal never are.
     """
     sig = status.signal
     if sig is not None:
@@ -47,32 +72,77 @@ def stop_like(status: ExitStatus) -> bool:
     return True
 
 
+def _base(status: ExitStatus, on_clean_exit: OnCleanExit) -> Decision:
+    """The verdict when no stop is under way."""
+    if status.returncode is None:
+        if on_clean_exit == "fail":
+            return Decision(Verdict.FIRE, "it ended, with an unknown status")
+        return Decision(Verdict.WARN, "its exit status is unknown, so this is not acted on")
+    if status.returncode != 0:
+        return Decision(Verdict.FIRE, "abnormal exit")
+    if on_clean_exit == "fail":
+        return Decision(Verdict.FIRE, "it returned early")
+    if on_clean_exit == "warn":
+        return Decision(Verdict.WARN, "although it was declared to run until disarmed")
+    return Decision(Verdict.IGNORE, "finishing is normal for it")
+
+
 def decide(
     status: ExitStatus | None,
     *,
     armed: bool,
     on_clean_exit: OnCleanExit = "fail",
-    owner_stopping: bool = False,
-) -> Verdict:
-    """The whole firing decision (tested branch by branch, in both watcher modes).
+    stopped_by_healthkit: bool = False,
+    stop: StopEpisode | None = None,
+    stop_grace: float = 30.0,
+    now: float = 0.0,
+    same_group: bool = True,
+    owner_exiting: bool = False,
+    owner_gone: bool = False,
+) -> Decision:
+    """The whole firing decision for one observation of one watched process.
 
     - alive: keep watching;
-    - any exit after disarm: ignore (teardown SIGTERMs are not crashes);
-    - a stop-like exit while this process is itself being stopped: ignore (a group stop);
-    - an unknown exit status: a process meant to run until disarmed (``"fail"``) has ended,
-      which is a failure whatever its code, so fire; otherwise nothing is known to be
-      wrong, so warn and do not act;
-    - non-zero or signal exit while armed: fire;
-    - exit 0 while armed: ``on_clean_exit`` says (fire, warn or ignore).
+    - disarmed, ended by :func:`healthkit.stop`, or its owner already gone (nothing left to
+      protect; the owner's own end is what the launcher reports): ignore;
+    - an exit that is allowed (exit 0 under ``on_clean_exit="ignore"``): ignore;
+    - SIGKILL or a crash signal: fire at once, stop or not;
+    - a stop-like ending while a stop episode of the owner is under way (``stop`` began less
+      than ``stop_grace`` before ``now``): ignore if the owner is exiting; otherwise defer
+      until the episode ends (``stop.began + stop_grace``), when it is decided again without
+      the stop, so a death excused by a stop the owner survived is reported, not dropped. A
+      helper in another process group did not get the group's signal: it is excused only as
+      a possible casualty of the owner's own stop (its cleanup, or a launcher signalling each
+      process), on the same terms;
+    - otherwise: a non-zero or signal exit fires; an exit 0 follows ``on_clean_exit``; an
+      unknown status fires under ``"fail"`` (it ended, whatever its code) and warns otherwise.
     """
     if status is None:
-        return Verdict.KEEP_WATCHING
+        return Decision(Verdict.KEEP_WATCHING, "still running")
     if not armed:
-        return Verdict.IGNORE
-    if owner_stopping and stop_like(status):
-        return Verdict.IGNORE
-    if status.returncode is None:
-        return Verdict.FIRE if on_clean_exit == "fail" else Verdict.WARN
-    if status.returncode != 0:
-        return Verdict.FIRE
-    return {"fail": Verdict.FIRE, "warn": Verdict.WARN, "ignore": Verdict.IGNORE}[on_clean_exit]
+        return Decision(Verdict.IGNORE, "the watchdog is disarmed")
+    if stopped_by_healthkit:
+        return Decision(Verdict.IGNORE, "healthkit.stop() ended it")
+    if owner_gone:
+        return Decision(Verdict.IGNORE, "its owner is gone")
+    base = _base(status, on_clean_exit)
+    if base.verdict is Verdict.IGNORE or not stop_like(status):
+        return base
+    if stop is None or not (stop.began <= now < stop.began + stop_grace):
+        return base
+    what = (
+        "its share of this process's stop"
+        if same_group
+        else "a possible casualty of this process's stop (it is in another process group, "
+        "so the group's signal did not reach it)"
+    )
+    if owner_exiting:
+        return Decision(
+            Verdict.IGNORE, f"{what} ({stop.describe(now)}), and this process is exiting"
+        )
+    return Decision(
+        Verdict.DEFER,
+        f"taken as {what} ({stop.describe(now)}); reported if this process is still running "
+        f"{stop.began + stop_grace - now:.1f}s from now",
+        until=stop.began + stop_grace,
+    )

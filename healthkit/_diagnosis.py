@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 import signal
 import threading
 import time
@@ -15,11 +16,15 @@ from healthkit._evidence import (
     KernelLog,
     KernelLogFollower,
     MemoryCgroup,
+    OomKill,
     find_memory_cgroup,
     format_bytes,
     shm_usage,
 )
+from healthkit._proc import read_proc_stat
+from healthkit._records import HelperException, find_record
 from healthkit._stacks import signalled_by_us
+from healthkit._userdir import record_dir
 from healthkit._watch import (
     UNKNOWN_NOT_PERMITTED,
     UNKNOWN_REAPED_ELSEWHERE,
@@ -96,6 +101,10 @@ class Diagnosis:
     hint: str
     observed_at: float
     observed_at_wall: float
+    #: The Python exception the process raised out of its entry point, when it recorded
+    #: one (:func:`healthkit.record_exception`): type, message, last frames, and the record
+    #: file holding the full traceback.
+    exception: HelperException | None = None
 
     @property
     def abnormal(self) -> bool:
@@ -146,6 +155,13 @@ _UNKNOWN_STATUS: dict[str, tuple[str, str]] = {
 }
 
 
+# Kernel printk time stamps and process start times come from clocks that agree on a machine
+# that never suspends; allow a little for a start time's tick resolution.
+_CLOCK_SLACK_US = 20_000
+# A kernel record stamped this long after the death was observed is not about it.
+_AFTER_DEATH_SLACK_US = 5_000_000
+
+
 class ExitDiagnoser:
     """Explains exits, with OOM evidence taken relative to a baseline read at construction.
 
@@ -164,6 +180,8 @@ class ExitDiagnoser:
         shm_path: str = "/dev/shm",
         cgroup: MemoryCgroup | None = None,
         history: bool = False,
+        records: str | None = None,
+        local_evidence: bool = True,
     ) -> None:
         """``cgroup`` names the memory cgroup whose OOM counter to watch; by default the
         one this process is in (from ``<proc_root>/self/cgroup`` under ``cgroup_root``).
@@ -172,17 +190,29 @@ class ExitDiagnoser:
         ``kmsg_path=None`` disables the kernel-log evidence.
 
         ``history=True`` explains exits that happened *before* the diagnoser was built (an
-        exit code read from a log): every kernel-log record still buffered may confirm an
-        OOM kill of the pid, and the cgroup's lifetime ``oom_kill`` count is shown as
-        evidence but confirms nothing (it may be about any process, at any time)."""
+        exit code read from a log): kernel-log records still buffered are read too, and the
+        cgroup's lifetime ``oom_kill`` count is shown as evidence but confirms nothing (it
+        may be about any process, at any time).
+
+        ``records`` is the directory of the helpers' exception records (default:
+        :func:`healthkit.record_dir`, the one :func:`healthkit.record_exception` writes to).
+
+        ``local_evidence=False`` reads nothing of this machine (no kernel log, cgroup,
+        ``/dev/shm`` or records): for an exit code copied from another machine's log.
+        """
         self._lock = threading.Lock()
         self._shm_path = shm_path
+        self._proc_root = proc_root
+        self.local_evidence = local_evidence
+        if not local_evidence:
+            cgroup, kmsg_path = None, None
         self.cgroup: MemoryCgroup | None = (
             cgroup
-            if cgroup is not None
+            if cgroup is not None or not local_evidence
             else find_memory_cgroup(proc_root=proc_root, cgroup_root=cgroup_root)
         )
         self.history = history
+        self.records: str | None = (records or record_dir()) if local_evidence else None
         self._oom_baseline = self.cgroup.oom_kills() if self.cgroup and not history else None
         self._oom_explained = 0
         self.kernel_log = KernelLog(kmsg_path) if kmsg_path else None
@@ -203,20 +233,26 @@ class ExitDiagnoser:
         pid: int | None = None,
         peak_rss_bytes: int | None = None,
         evidence: bool = True,
+        start_time: int | None = None,
     ) -> Diagnosis:
         """Diagnose a watch, an :class:`ExitStatus`, or a bare return code.
 
         ``None`` (or a watch whose process still runs) gives ``Cause.STILL_RUNNING``. For a
-        watch, ``name``/``pid``/peak RSS default to the watch's own.
+        watch, ``name``/``pid``/``start_time``/peak RSS default to the watch's own.
+        ``start_time`` (``/proc/<pid>/stat`` field 22, clock ticks since boot) identifies the
+        process behind ``pid``: without it, no kernel-log record and no exception record can
+        be told apart from those of an earlier process with the same pid, so none is used.
 
-        ``evidence=False`` reads nothing (no kernel log, cgroup, ``/dev/shm`` or stack-dump
-        records): the brief diagnosis a watchdog acts on at once, from the exit status
-        alone. A SIGKILL is then ``SIGKILL_UNCONFIRMED`` until the full diagnosis.
+        ``evidence=False`` reads nothing (no kernel log, cgroup, ``/dev/shm``, exception or
+        stack-dump records): the brief diagnosis a watchdog acts on at once, from the exit
+        status alone. A SIGKILL is then ``SIGKILL_UNCONFIRMED`` until the full diagnosis.
         """
         status: ExitStatus | None
         if isinstance(subject, ProcessWatch):
             status = subject.poll() if not subject.closed else subject.status
             name = name or subject.name
+            if pid is None or pid == subject.pid:
+                start_time = start_time if start_time is not None else subject.start_time
             pid = pid if pid is not None else subject.pid
             peak_rss_bytes = peak_rss_bytes or subject.peak_rss_bytes
         elif isinstance(subject, int) and not isinstance(subject, bool):
@@ -231,6 +267,34 @@ class ExitDiagnoser:
             )
         if pid is not None:
             check_pid(pid)
+        if start_time is not None:
+            if isinstance(start_time, bool) or not isinstance(start_time, int):
+                raise InvalidArgumentTypeError(
+                    "start_time must be a process start time in clock ticks since boot (an "
+                    f"int, /proc/<pid>/stat field 22), got {start_time!r}",
+                    "start_time",
+                )
+            if start_time < 0:
+                raise InvalidArgumentError(
+                    f"start_time must be >= 0 (clock ticks since boot), got {start_time}",
+                    "start_time",
+                )
+        diagnosis = self._diagnose(status, name, pid, start_time, peak_rss_bytes, evidence)
+        if evidence and diagnosis.abnormal and pid is not None and start_time is not None:
+            found = find_record(pid, start_time, self.records) if self.records else None
+            if found is not None:
+                diagnosis = _with_exception(diagnosis, found)
+        return diagnosis
+
+    def _diagnose(
+        self,
+        status: ExitStatus | None,
+        name: str | None,
+        pid: int | None,
+        start_time: int | None,
+        peak_rss_bytes: int | None,
+        evidence: bool,
+    ) -> Diagnosis:
         name = name or (f"pid {pid}" if pid is not None else "process")
         observed = (time.monotonic(), time.time()) if status is None else (
             status.observed_at,
@@ -300,7 +364,8 @@ class ExitDiagnoser:
                 Cause.ERROR_EXIT,
                 f"exited with code {rc}",
                 likely,
-                "Read that process's own log or stderr for the error it reported",
+                "Read that process's own log or stderr for the error it reported, or wrap "
+                "its entry point in healthkit.record_exception to have it named here",
             )
         if status.core_dumped:
             found.append("core dumped")
@@ -312,7 +377,9 @@ class ExitDiagnoser:
                 sig=signal.SIGKILL,
             )
         if sig == signal.SIGKILL:
-            return self._sigkill(make, how, pid, peak_rss_bytes, found)
+            return self._sigkill(
+                make, how, pid, start_time, observed[0], peak_rss_bytes, found
+            )
         if evidence and signalled_by_us(pid, sig):
             return make(
                 Cause.UNKNOWN,
@@ -337,22 +404,7 @@ class ExitDiagnoser:
                 sig,
             )
         if sig == signal.SIGBUS:
-            shm = shm_usage(self._shm_path) if evidence else None
-            if shm is not None:
-                found.append(
-                    f"{self._shm_path}: {format_bytes(shm.free_bytes)} free of "
-                    f"{format_bytes(shm.total_bytes)}"
-                )
-            return make(
-                Cause.BUS_ERROR,
-                f"{how} SIGBUS",
-                "a bus error, most often shared memory (/dev/shm) exhausted by tensors passed "
-                "between processes",
-                "Raise /dev/shm (docker --shm-size, Kubernetes emptyDir medium: Memory) or "
-                "move less data through shared memory (fewer workers or smaller batches)",
-                tuple(found),
-                sig,
-            )
+            return self._sigbus(make, how, found, evidence)
         if sig in _ASKED_TO_STOP:
             return make(
                 Cause.TERMINATED,
@@ -375,23 +427,71 @@ class ExitDiagnoser:
             sig,
         )
 
+    def _sigbus(self, make: _Make, how: str, found: list[str], evidence: bool) -> Diagnosis:
+        shm = shm_usage(self._shm_path) if evidence and self.local_evidence else None
+        fix_shm = (
+            "Raise /dev/shm (docker --shm-size, Kubernetes emptyDir medium: Memory) or "
+            "move less data through shared memory (fewer workers or smaller batches)"
+        )
+        if shm is not None:
+            found.append(
+                f"{self._shm_path}: {format_bytes(shm.free_bytes)} free of "
+                f"{format_bytes(shm.total_bytes)} now (statvfs)"
+            )
+        if shm is not None and shm.total_bytes and shm.free_bytes >= shm.total_bytes // 10:
+            # Room now does not prove there was room then (a dead helper's segments may
+            # have been freed), so both stay on the table, the other causes named.
+            return make(
+                Cause.BUS_ERROR,
+                f"{how} SIGBUS",
+                f"a bus error; {self._shm_path} has room now, so either it was full only "
+                "at that moment (freed since) or the cause is another: a memory-mapped file "
+                "truncated under it, a hardware memory error, or a misaligned access",
+                "Raise /dev/shm if its use peaks with the load (docker --shm-size, Kubernetes "
+                "emptyDir medium: Memory) or move less data through shared memory; if it "
+                "never fills, look for a file mapped with mmap that something truncates, and "
+                "for memory errors in the kernel log (dmesg)",
+                tuple(found),
+                signal.SIGBUS,
+            )
+        return make(
+            Cause.BUS_ERROR,
+            f"{how} SIGBUS",
+            "a bus error, most often shared memory (/dev/shm) exhausted by tensors passed "
+            "between processes",
+            fix_shm,
+            tuple(found),
+            signal.SIGBUS,
+        )
+
     def _sigkill(
         self,
         make: _Make,
         how: str,
         pid: int | None,
+        start_time: int | None,
+        observed: float,
         peak_rss_bytes: int | None,
         evidence: list[str],
     ) -> Diagnosis:
         confirmed = False
+        kill: OomKill | None = None
         if self._kmsg is not None and pid is not None:
-            lines = self._kmsg.oom_kill_lines(pid)
-            if lines:
+            kills = self._kmsg.oom_kills(pid) or []
+            comm = self._comm(pid, start_time) if kills else None
+            ours = [k for k in kills if _is_this_process(k, start_time, comm, observed)]
+            if ours:
+                kill = ours[-1]
                 confirmed = True
-                evidence.append(f"kernel log: {lines[-1].strip()[:200]}")
+                evidence.append(f"kernel log: {kill.message.strip()[:200]}")
+                evidence.extend(_kill_figures(kill))
+            elif kills:
+                evidence.append(_not_this_process(kills[-1], start_time, comm))
         cg = self.cgroup
         if cg is not None:
             now = cg.oom_kills()
+            where = f"cgroup {cg.name} (v{cg.version})"
+            counted = False
             if now is not None and self._oom_baseline is not None:
                 with self._lock:
                     delta = now - self._oom_baseline - self._oom_explained
@@ -401,24 +501,22 @@ class ExitDiagnoser:
                     if delta > 0:
                         self._oom_explained += 1
                 if delta > 0:
-                    confirmed = True
+                    confirmed = counted = True
                     evidence.append(
-                        f"cgroup v{cg.version} {cg.counter_file} oom_kill "
-                        f"{self._oom_baseline} -> {now} during this run"
+                        f"{where}: oom_kill {self._oom_baseline} -> {now} during this run "
+                        f"({cg.counter_file})"
                     )
             elif self.history and now:
                 evidence.append(
-                    f"cgroup v{cg.version} {cg.counter_file} oom_kill {now} since the cgroup "
-                    "was created (not necessarily this process)"
+                    f"{where}: oom_kill {now} since the cgroup was created "
+                    f"({cg.counter_file}; not necessarily this process)"
                 )
-            peak, limit = cg.peak_bytes(), cg.limit_bytes()
-            if peak is not None:
-                evidence.append(
-                    f"cgroup memory peak {format_bytes(peak)}"
-                    + (f" of limit {format_bytes(limit)}" if limit is not None else "")
-                )
+            if kill is None or kill.cgroup_limit is None or counted:
+                figures = _cgroup_figures(cg)
+                if figures is not None:
+                    evidence.append(figures)
         if peak_rss_bytes is not None:
-            evidence.append(f"its peak RSS {format_bytes(peak_rss_bytes)}")
+            evidence.append(f"its peak RSS {format_bytes(peak_rss_bytes)} (sampled VmHWM)")
         fix = (
             "Lower its memory use (fewer DataLoader/sampling workers, smaller batches or "
             "buffers) or raise the memory limit"
@@ -429,6 +527,18 @@ class ExitDiagnoser:
                 f"{how} SIGKILL",
                 "the kernel's OOM killer (confirmed)",
                 fix,
+                tuple(evidence),
+                signal.SIGKILL,
+            )
+        if not self.local_evidence:
+            return make(
+                Cause.SIGKILL_UNCONFIRMED,
+                f"{how} SIGKILL",
+                "possibly the OOM killer, unconfirmed (from the exit code alone: no evidence "
+                "of this machine was read)",
+                "If nobody killed it by hand, suspect memory: " + fix[0].lower() + fix[1:]
+                + ". On the machine where it ran, `healthkit explain CODE --pid PID` looks "
+                "for its kernel OOM record",
                 tuple(evidence),
                 signal.SIGKILL,
             )
@@ -444,6 +554,146 @@ class ExitDiagnoser:
             tuple(evidence),
             signal.SIGKILL,
         )
+
+    def _comm(self, pid: int, start_time: int | None) -> str | None:
+        """The dead process's command name while it is still a zombie (then the pid is
+        still its own, proven by the start time), else ``None``."""
+        if start_time is None:
+            return None
+        stat = read_proc_stat(pid, self._proc_root)
+        if stat is None or stat.start_time != start_time:
+            return None
+        return stat.comm
+
+
+def _start_usec(start_time: int) -> int:
+    return start_time * 1_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _is_this_process(
+    kill: OomKill, start_time: int | None, comm: str | None, observed: float
+) -> bool:
+    """Whether a kernel OOM record is about the process that started at ``start_time``:
+    logged after it started (an earlier record is about an earlier owner of the pid), not
+    long after its death was seen, and naming its command when that is known."""
+    if start_time is None:
+        return False
+    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
+        return False
+    if kill.usec > observed * 1_000_000 + _AFTER_DEATH_SLACK_US:
+        return False
+    return comm is None or kill.comm[:15] == comm[:15]
+
+
+def _not_this_process(kill: OomKill, start_time: int | None, comm: str | None) -> str:
+    at = f"{kill.usec / 1e6:.1f} s after boot"
+    head = f"kernel log: an OOM kill of pid {kill.pid} ({kill.comm}) at {at}"
+    if start_time is None:
+        return head + ", not taken as this process's: its start time is unknown here"
+    started = _start_usec(start_time) / 1e6
+    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
+        return head + f", before this process started ({started:.1f} s): an earlier process " \
+            "with the same pid"
+    if comm is not None and kill.comm[:15] != comm[:15]:
+        return head + f", but this process is {comm!r}: another process with the same pid"
+    return head + ", after this death was seen: another process with the same pid"
+
+
+def _kill_figures(kill: OomKill) -> list[str]:
+    """The kernel report's own figures: the victim's RSS and the cgroup whose limit it hit."""
+    lines = []
+    if kill.anon_rss is not None and kill.file_rss is not None and kill.shmem_rss is not None:
+        lines.append(
+            f"its memory at the kill {format_bytes(kill.anon_rss + kill.file_rss + kill.shmem_rss)}"
+            f" resident: {format_bytes(kill.anon_rss)} anon, {format_bytes(kill.file_rss)} "
+            f"file, {format_bytes(kill.shmem_rss)} shmem (kernel log)"
+        )
+    if kill.constraint == "CONSTRAINT_MEMCG" and kill.oom_memcg:
+        line = f"the limit hit: memory cgroup {kill.oom_memcg}"
+        if kill.cgroup_usage is not None and kill.cgroup_limit is not None:
+            line += (
+                f" at {format_bytes(kill.cgroup_usage)} of its "
+                f"{format_bytes(kill.cgroup_limit)} limit"
+            )
+            if kill.cgroup_rss is not None:
+                line += f", {format_bytes(kill.cgroup_rss)} of it RSS"
+                if kill.cgroup_cache is not None:
+                    line += f" and {format_bytes(kill.cgroup_cache)} page cache"
+        lines.append(line + " (kernel log)")
+    elif kill.constraint == "CONSTRAINT_NONE":
+        lines.append(
+            "no cgroup limit was hit: the whole machine ran out of memory (kernel log, "
+            "CONSTRAINT_NONE)"
+        )
+    elif kill.constraint:
+        lines.append(f"the OOM was constrained by {kill.constraint} (kernel log)")
+    return lines
+
+
+def _cgroup_figures(cg: MemoryCgroup) -> str | None:
+    """The cgroup's own figures, labelled as the cgroup's: its limit, and memory that
+    excludes page cache where the files tell it apart. Left out (``None``) when the cgroup
+    has no limit: its lifetime peak (page cache included) would then read as the helper's."""
+    limit = cg.effective_limit_bytes()
+    if limit is None:
+        return None
+    where = f"cgroup {cg.name} (v{cg.version})"
+    stat = cg.stat()
+    if cg.version == 1:
+        rss, cache = stat.get("total_rss"), stat.get("total_cache")
+        line = f"{where}: limit {format_bytes(limit)}"
+        if rss is not None and cache is not None:
+            line += (
+                f"; after its death the cgroup holds {format_bytes(rss)} RSS and "
+                f"{format_bytes(cache)} page cache (memory.stat)"
+            )
+        else:
+            line += " (memory.stat)"
+        return line
+    line = f"{where}: limit {format_bytes(limit)}"
+    peak = cg.peak_bytes()
+    if peak is not None:
+        line += f", peak use {format_bytes(peak)} (memory.peak, page cache included)"
+    reached = cg.limit_reached()
+    if reached:
+        line += f"; use reached the limit {reached} times (memory.events max)"
+    anon, file = stat.get("anon"), stat.get("file")
+    if anon is not None and file is not None:
+        line += (
+            f"; after its death the cgroup holds {format_bytes(anon)} anon and "
+            f"{format_bytes(file)} page cache (memory.stat)"
+        )
+    return line
+
+
+def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
+    """Carry the helper's own exception: the cause of an error exit; evidence otherwise."""
+    where = f" at {exc.where}" if exc.where else ""
+    record = f"exception record {exc.path} (the full traceback)"
+    extra: tuple[str, ...] = ()
+    if exc.peak_rss_bytes is not None and exc.type == "MemoryError":
+        extra = (
+            f"its peak RSS {format_bytes(exc.peak_rss_bytes)} when it raised (VmHWM, "
+            "exception record)",
+        )
+    if diagnosis.cause in (Cause.ERROR_EXIT, Cause.UNKNOWN) and diagnosis.signal is None:
+        return attrs.evolve(
+            diagnosis,
+            exception=exc,
+            likely=f"it raised {exc.summary}{where}",
+            evidence=(record, *extra, *diagnosis.evidence),
+            hint="Fix the cause of that exception; its full traceback is in the exception "
+            "record and in that process's stderr",
+        )
+    return attrs.evolve(
+        diagnosis,
+        exception=exc,
+        evidence=(
+            *diagnosis.evidence,
+            f"it had raised {exc.summary}{where} before it ended ({record})",
+            *extra,
+        ),
+    )
 
 
 class _Make(Protocol):

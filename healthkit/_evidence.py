@@ -91,6 +91,18 @@ class MemoryCgroup:
 
     version: int
     path: str
+    #: The hierarchy's mount point (``/sys/fs/cgroup/memory`` on v1), when known: the
+    #: cgroup is then named as the kernel names it (``/kubepods/pod1``), not by its path.
+    root: str = attrs.field(default="", eq=False)
+
+    @property
+    def name(self) -> str:
+        """``/kubepods/pod1``, as ``/proc/<pid>/cgroup`` and the kernel log write it; the
+        directory path when the mount point is not known."""
+        if not self.root:
+            return self.path
+        rel = os.path.relpath(self.path, self.root)
+        return "/" if rel == "." else "/" + rel
 
     @property
     def counter_file(self) -> str:
@@ -107,6 +119,45 @@ class MemoryCgroup:
     def limit_bytes(self) -> int | None:
         name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
         return _read_int(os.path.join(self.path, name))
+
+    def stat(self) -> dict[str, int]:
+        """``memory.stat`` as numbers (empty when unreadable)."""
+        text = _read_text(os.path.join(self.path, "memory.stat"))
+        out: dict[str, int] = {}
+        for line in (text or "").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
+        return out
+
+    def effective_limit_bytes(self) -> int | None:
+        """The tightest limit on this cgroup, its parents' included (``None``: unlimited).
+
+        v1 states it (``hierarchical_memory_limit`` in ``memory.stat``); on v2 each
+        ancestor's ``memory.max`` is read up to the root, which has none.
+        """
+        if self.version == 1:
+            value = self.stat().get("hierarchical_memory_limit")
+            if value is not None:
+                return value if value < _UNLIMITED else None
+            return self.limit_bytes()
+        limits = []
+        directory = self.path
+        while os.path.exists(os.path.join(directory, "memory.max")):
+            limit = _read_int(os.path.join(directory, "memory.max"))
+            if limit is not None:
+                limits.append(limit)
+            parent = os.path.dirname(directory)
+            if parent == directory:
+                break
+            directory = parent
+        return min(limits) if limits else None
+
+    def limit_reached(self) -> int | None:
+        """v2: how many times usage reached the limit (``memory.events`` ``max``)."""
+        if self.version == 1:
+            return None
+        return _read_keyed(os.path.join(self.path, "memory.events"), "max")
 
 
 def find_memory_cgroup(
@@ -148,7 +199,7 @@ def find_memory_cgroup(
         while True:
             directory = os.path.join(base, rel) if rel else base
             if os.path.exists(os.path.join(directory, counter)):
-                return MemoryCgroup(version, directory)
+                return MemoryCgroup(version, directory, base)
             if not rel:
                 break
             rel = os.path.dirname(rel)
@@ -162,6 +213,8 @@ class KernelRecord:
     #: syslog facility from the record's prefix: 0 only for records the kernel wrote
     #: itself (the kernel forces LOG_USER or higher on anything written to /dev/kmsg).
     facility: int = 0
+    #: The record's time stamp: microseconds since boot (the kernel's printk clock).
+    usec: int = 0
 
 
 # The OOM killer's own records, matched by their fixed structure only. A process name (up
@@ -174,11 +227,21 @@ class KernelRecord:
 # - the kill, "[Memory cgroup o|O]ut of memory: Killed process <pid> (<comm>) ..." and,
 #   on older kernels, "Killed process <pid> (<comm>) total-vm:...": the pid comes before
 #   the name.
-_OOM_SUMMARY = re.compile(r"^oom-kill:constraint=CONSTRAINT_[A-Z_]+,.*,pid=(\d+),uid=\d+$")
+_OOM_SUMMARY = re.compile(
+    r"^oom-kill:constraint=(CONSTRAINT_[A-Z_]+),.*,task=(.*),pid=(\d+),uid=\d+$"
+)
 _OOM_KILLED = re.compile(
     r"^(?:(?:Memory cgroup out of memory|Out of memory(?: \([a-z_]+\))?): )?"
-    r"Killed process (\d+) \(.*\) total-vm:"
+    r"Killed process (\d+) \((.*)\) total-vm:"
 )
+# The parts of the OOM report that say whose memory it was. Read only from records the
+# kernel wrote (facility 0), and only as numbers; a process name never completes them.
+_KILL_RSS = re.compile(r" anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
+_MEMCG_FIELD = re.compile(r",(oom_memcg|task_memcg)=([^,]*)")
+_MEMCG_USAGE = re.compile(r"^memory: usage (\d+)kB, limit (\d+)kB, failcnt \d+$")
+_MEMCG_STATS = re.compile(r"^Memory cgroup stats for (/[^:]*):")
+_MEMCG_STAT_LINE = re.compile(r"^([a-z_]+) (\d+)$")
+_MEMCG_STAT_KEYS = ("total_rss", "total_cache", "rss", "cache", "anon", "file")
 
 
 def oom_killed_pid(record: KernelRecord) -> int | None:
@@ -188,8 +251,121 @@ def oom_killed_pid(record: KernelRecord) -> int | None:
     if record.facility != 0:
         return None
     message = record.message.rstrip()
-    m = _OOM_SUMMARY.match(message) or _OOM_KILLED.match(message)
+    m = _OOM_SUMMARY.match(message)
+    if m:
+        return int(m.group(3))
+    m = _OOM_KILLED.match(message)
     return int(m.group(1)) if m else None
+
+
+@attrs.frozen
+class OomKill:
+    """One OOM kill as the kernel reported it: the victim, when, and whose memory ran out."""
+
+    pid: int
+    comm: str
+    #: When the kernel logged it: microseconds since boot.
+    usec: int
+    #: The kill record's text ("... Killed process <pid> (<comm>) total-vm:..."), or the
+    #: summary's when no kill record was seen.
+    message: str
+    constraint: str | None = None  # CONSTRAINT_MEMCG: a cgroup limit; CONSTRAINT_NONE: global
+    oom_memcg: str | None = None  # the cgroup whose limit was hit
+    task_memcg: str | None = None  # the victim's cgroup
+    #: The victim's own resident memory at the kill (anon, file, shmem), in bytes.
+    anon_rss: int | None = None
+    file_rss: int | None = None
+    shmem_rss: int | None = None
+    #: The limited cgroup at the kill: usage and limit, and how much of it was RSS and
+    #: page cache (hierarchical figures where the kernel prints them).
+    cgroup_usage: int | None = None
+    cgroup_limit: int | None = None
+    cgroup_rss: int | None = None
+    cgroup_cache: int | None = None
+
+
+class OomReports:
+    """Assembles :class:`OomKill` values from a stream of kernel records.
+
+    The kernel writes one OOM report as many records: the limited cgroup's ``memory: usage
+    ..., limit ...`` and its ``memory.stat`` lines, the ``oom-kill:`` summary (constraint,
+    cgroups, victim) and the ``Killed process`` line (the victim's RSS). Only records with
+    facility 0 (written by the kernel itself) are used.
+    """
+
+    def __init__(self) -> None:
+        self.kills: list[OomKill] = []
+        self._memcg: dict[str, int] = {}
+        self._in_stats = False
+
+    def feed(self, rec: KernelRecord) -> None:
+        if rec.facility != 0:
+            return
+        for message in rec.message.rstrip().split("\\x0a"):  # one record with newlines
+            self._feed(rec, message.rstrip())
+
+    def _feed(self, rec: KernelRecord, message: str) -> None:
+        m = _MEMCG_USAGE.match(message)
+        if m:  # the start of a memory cgroup's part of a report
+            self._memcg = {"usage": int(m.group(1)) * 1024, "limit": int(m.group(2)) * 1024}
+            self._in_stats = False
+            return
+        if _MEMCG_STATS.match(message):
+            self._in_stats = "stats" not in self._memcg
+            self._memcg["stats"] = 1
+            return
+        if self._in_stats:
+            m = _MEMCG_STAT_LINE.match(message)
+            if m:
+                if m.group(1) in _MEMCG_STAT_KEYS:
+                    self._memcg[m.group(1)] = int(m.group(2))
+                return
+            self._in_stats = False
+        m = _OOM_SUMMARY.match(message)
+        if m:
+            fields = dict(_MEMCG_FIELD.findall(message.partition(",task=")[0]))
+            memcg = self._memcg if m.group(1) == "CONSTRAINT_MEMCG" else {}
+            self._memcg = {}
+            self.kills.append(
+                OomKill(
+                    pid=int(m.group(3)),
+                    comm=m.group(2),
+                    usec=rec.usec,
+                    message=message,
+                    constraint=m.group(1),
+                    oom_memcg=fields.get("oom_memcg") or None,
+                    task_memcg=fields.get("task_memcg") or None,
+                    cgroup_usage=memcg.get("usage"),
+                    cgroup_limit=memcg.get("limit"),
+                    cgroup_rss=memcg.get("total_rss", memcg.get("rss", memcg.get("anon"))),
+                    cgroup_cache=memcg.get(
+                        "total_cache", memcg.get("cache", memcg.get("file"))
+                    ),
+                )
+            )
+            return
+        m = _OOM_KILLED.match(message)
+        if m:
+            pid = int(m.group(1))
+            # Only after the name: a name cannot then pose as the sizes.
+            rss = _KILL_RSS.match(" " + message.rpartition(") total-vm:")[2].partition(", ")[2])
+            anon, file, shmem = (
+                (int(rss.group(1)) * 1024, int(rss.group(2)) * 1024, int(rss.group(3)) * 1024)
+                if rss else (None, None, None)
+            )
+            last = self.kills[-1] if self.kills else None
+            if last is not None and last.pid == pid and last.message.startswith("oom-kill:"):
+                self.kills[-1] = attrs.evolve(
+                    last, message=message, anon_rss=anon, file_rss=file, shmem_rss=shmem
+                )
+            else:  # older kernels print no summary
+                self.kills.append(
+                    OomKill(pid, m.group(2), rec.usec, message,
+                            anon_rss=anon, file_rss=file, shmem_rss=shmem)
+                )
+
+    def for_pid(self, pid: int) -> list[OomKill]:
+        return [k for k in self.kills if k.pid == pid]
 
 
 class KernelLog:
@@ -255,7 +431,7 @@ class KernelLogFollower:
         self.path = path
         self._lock = threading.Lock()
         self._pending = b""
-        self._oom: list[KernelRecord] = []
+        self._reports = OomReports()
         self._fd: int | None
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -277,16 +453,17 @@ class KernelLogFollower:
         if self._fd is None:
             return
         records, self._pending = _drain(self._fd, self._pending)
-        self._oom.extend(rec for rec in records if oom_killed_pid(rec) is not None)
+        for rec in records:
+            self._reports.feed(rec)
 
-    def oom_kill_lines(self, pid: int) -> list[str] | None:
-        """Lines since construction saying the OOM killer killed ``pid``; ``None`` if the
-        log is not readable."""
+    def oom_kills(self, pid: int) -> list[OomKill] | None:
+        """OOM kills of ``pid`` logged since construction (with ``from_start``: since the
+        oldest buffered record), oldest first; ``None`` if the log is not readable."""
         with self._lock:
             if self._fd is None:
                 return None
             self._read_new()
-            return [rec.message for rec in self._oom if oom_killed_pid(rec) == pid]
+            return self._reports.for_pid(pid)
 
     def close(self) -> None:
         with self._lock:
@@ -343,9 +520,10 @@ def _parse_kmsg(line: bytes) -> KernelRecord | None:
     try:
         prefix = int(fields[0])
         seq = int(fields[1])
+        usec = int(fields[2]) if len(fields) > 2 else 0
     except (IndexError, ValueError):
         return None
-    return KernelRecord(seq, message.decode("utf-8", "replace"), prefix >> 3)
+    return KernelRecord(seq, message.decode("utf-8", "replace"), prefix >> 3, usec)
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ __all__ = [
     "descendants",
     "may_read_exit_code",
     "read_peak_rss",
+    "read_pending_signals",
     "read_proc_stat",
     "status_ids",
 ]
@@ -126,6 +127,28 @@ def catches_signal(pid: int, signum: int, proc_root: str = "/proc") -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return False
+
+
+def read_pending_signals(pid: int, proc_root: str = "/proc") -> frozenset[int] | None:
+    """Signals sent to ``pid`` and not yet delivered: the process-wide set (``ShdPnd``, where
+    ``kill()``/``killpg()`` put a signal) and its main thread's own (``SigPnd``).
+
+    A signal stays pending while no thread can take it: the main thread in an uninterruptible
+    wait (a slow NFS/FUSE read, ``vfork``), or the signal blocked. ``None``: gone or unreadable.
+    """
+    pending = 0
+    found = False
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"SigPnd:", b"ShdPnd:")):
+                    pending |= int(line.split()[1], 16)
+                    found = True
+    except (OSError, ValueError, IndexError):
+        return None
+    if not found:
+        return None
+    return frozenset(n for n in range(1, 65) if (pending >> (n - 1)) & 1)
 
 
 def read_peak_rss(pid: int, proc_root: str = "/proc") -> int | None:

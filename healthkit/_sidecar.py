@@ -5,18 +5,21 @@ Why: a graph-learn client call against a dead server retries for minutes inside 
 fire. The sidecar watches the same pids through pidfds (it is not their parent, so it reads
 the exit status from the zombie's ``/proc/<pid>/stat`` while the stuck owner has not reaped
 it), logs the diagnosis to the shared stderr, writes the torchelastic error file and then
-kills the owner (SIGTERM, SIGKILL after a grace period) so the launcher tears the job down.
+stops the owner (SIGTERM, SIGKILL after a grace period) so the launcher tears the job down.
 
-It decides with the same rule as the watcher thread (:func:`healthkit._decide.decide`) and
-acts only on what it knows:
+It judges deaths exactly as the owner's watcher thread does (:class:`healthkit._judge.Judge`
+over :func:`healthkit._decide.decide`), from what it knows:
 
 * a status it cannot read (the owner reaped the helper first, which is routine when the
   owner ``join()``s) is taken from the owner, whose watcher thread reports every status it
   learns; only when none comes is it "unknown", which fires for a process declared to run
   until disarmed and never for one allowed to finish;
-* a stop-like death of a helper in the owner's process group waits up to ``stop_grace`` for
-  the owner's stop signal, read from the owner's signal wakeup pipe (the sidecar holds a copy
-  of its read end, so it learns of the stop even while the owner's main thread holds the GIL).
+* the owner's stop episode: the stop signals the owner's listener recorded (sent here before
+  each byte is consumed), a byte still unread on the owner's wakeup socket (the sidecar holds
+  a copy of its read end and only ever *peeks*: the owner's GIL may be held, so nobody there
+  can read it), and a stop signal still pending for the owner (``/proc/<owner>/status``);
+* the processes :func:`healthkit.stop` in the owner set out to end (sent here before any
+  signal), which are never reported.
 
 Isolation: the sidecar runs as ``python -I``: neither the working directory, ``PYTHONPATH``
 nor the user site can put code into it (it runs as the owner's user, often root). healthkit
@@ -25,12 +28,28 @@ owner's copy if the isolated path lacks it.
 
 Signals: the sidecar ignores SIGINT, SIGTERM and SIGHUP. It is in the owner's process group,
 so a Ctrl-C or torchrun's group SIGTERM reaches it too, and it must keep watching while the
-owner cleans up. It exits on ``disarm``, on end-of-file and when the owner's pidfd says the
-owner died (end-of-file alone is not enough: forked children of the owner inherit its end of
-the socket).
+owner cleans up. It exits on ``disarm``, on end-of-file and when the owner is gone (its pidfd
+is readable, it is a zombie, or SIGKILL is pending for it; end-of-file alone is not enough:
+forked children of the owner inherit its end of the socket).
 
-Protocol: JSON lines over a socketpair. Owner -> sidecar: ``config``, ``watch``, ``status``,
-``stopping``, ``disarm``. Sidecar -> owner: ``ready``/``watching`` acknowledgements.
+Protocol: one JSON object per line, both ways, over a socketpair (``op`` names the message).
+
+==================  =========================================================================
+owner -> sidecar
+==================  =========================================================================
+``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``;
+                    answered by ``ready``
+``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
+                    ``returncode`` (what the owner already knows); answered by ``watching``
+``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
+                    owner learned it
+``stop``            ``signal``, ``at`` (``CLOCK_MONOTONIC`` seconds): a stop signal reached the
+                    owner (sent before the owner consumes its byte)
+``stopped``         ``pid``, ``start_time``: :func:`healthkit.stop` is about to end it
+``disarm``          exit now
+==================  =========================================================================
+
+sidecar -> owner: ``ready`` and ``watching`` (``{"op": "ready"}``), nothing else.
 """
 
 from __future__ import annotations
@@ -54,11 +73,13 @@ from healthkit._actions import (
     log_diagnosis,
     write_torchelastic_error_file,
 )
-from healthkit._decide import Verdict, check_on_clean_exit, decide, stop_like
-from healthkit._diagnosis import ExitDiagnoser, returned_early
+from healthkit._decide import Decision, check_on_clean_exit
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import HealthkitError, NoSuchProcessError
-from healthkit._proc import read_proc_stat
-from healthkit._stop import stop, watch_tree
+from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
+from healthkit._proc import read_pending_signals, read_proc_stat
+from healthkit._stop import add_stopping_listener, remove_stopping_listener, stop, watch_tree
+from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
 
 __all__ = ["SidecarError", "SidecarLink"]
@@ -98,51 +119,52 @@ def _attrs_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(attrs.__file__)))
 
 
+def _line(**msg: Any) -> bytes:
+    return json.dumps(msg).encode() + b"\n"
+
+
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        kill_grace: float,
-        stop_grace: float,
-        stop_fd: int | None,
-    ) -> None:
+    def __init__(self, *, name: str, kill_grace: float, stop_grace: float) -> None:
         ours, theirs = socket.socketpair()
-        stop_copy = os.dup(stop_fd) if stop_fd is not None else None
-        pass_fds = [theirs.fileno()] + ([stop_copy] if stop_copy is not None else [])
+        peek = _stopsignals.peek_fd()
+        peek_copy = os.dup(peek) if peek is not None else None
+        pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else [])
         try:
             self._proc = subprocess.Popen(
                 [
                     sys.executable, "-I", "-c", _SIDECAR_MAIN, _PKG_DIR, _attrs_dir(),
-                    str(theirs.fileno()), str(stop_copy if stop_copy is not None else -1),
+                    str(theirs.fileno()), str(peek_copy if peek_copy is not None else -1),
                 ],
                 pass_fds=pass_fds,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
             theirs.close()
-            if stop_copy is not None:
-                os.close(stop_copy)
+            if peek_copy is not None:
+                os.close(peek_copy)
         self._sock = ours
         self._sock.settimeout(_START_TIMEOUT_S)
         self._buf = b""
         self._lock = threading.Lock()
         self._closed = False
-        me = read_proc_stat(os.getpid())
         self._send(
             op="config",
             owner_pid=os.getpid(),
-            owner_start_time=me.start_time if me else None,
             owner_pgrp=os.getpgrp(),
             name=name,
             kill_grace=kill_grace,
             stop_grace=stop_grace,
         )
         self._expect("ready")
-        _stopsignals.add_listener(self._owner_stopping)
-        _stopsignals.add_source(self._poll_stopping)
+        # From here on every stop signal and every healthkit.stop() target is announced
+        # before it can matter; the ones before are sent once, now.
+        _stopsignals.subscribe(self._stop_signal)
+        add_stopping_listener(self._stopping)
+        for sig, at, seen in _stopsignals.history():
+            if seen != "pending":
+                self._stop_signal(sig, at)
 
     @property
     def pid(self) -> int:
@@ -152,79 +174,45 @@ class SidecarLink:
         """A watch on the sidecar itself, so the owner notices if it dies."""
         return ProcessWatch(self._proc, name="healthkit sidecar")
 
-    def watch(
-        self,
-        *,
-        pid: int,
-        name: str,
-        on_clean_exit: str,
-        pgrp: int | None,
-        ended: bool,
-        returncode: int | None,
-    ) -> None:
-        """Watch ``pid``; ``ended``/``returncode``: what the owner already knows of it."""
-        stat = read_proc_stat(pid)
+    def watch(self, record: Watched) -> None:
+        """Watch ``record``'s process, telling what the owner already knows of it."""
+        w = record.watch
+        ended = None
+        if w is not None:
+            ended = w.status if w.closed else w.peek()
         with self._lock:
             self._send(
                 op="watch",
-                pid=pid,
-                name=name,
-                start_time=stat.start_time if stat else None,
-                on_clean_exit=on_clean_exit,
-                pgrp=pgrp,
-                ended=ended,
-                returncode=returncode,
+                pid=record.pid,
+                name=record.name,
+                start_time=record.start_time,
+                on_clean_exit=record.on_clean_exit,
+                pgrp=record.pgrp,
+                ended=ended is not None,
+                returncode=ended.returncode if ended is not None else None,
             )
             self._expect("watching")
 
     def status(self, pid: int, status: ExitStatus | None) -> None:
         """Tell the sidecar how ``pid`` ended, as far as the owner knows."""
-        with contextlib.suppress(OSError), self._lock:
-            self._send(
-                op="status",
-                pid=pid,
-                returncode=status.returncode if status else None,
-                source=status.source if status else "unknown",
-            )
+        self._send_quietly(
+            op="status",
+            pid=pid,
+            returncode=status.returncode if status else None,
+            source=status.source if status else "unknown",
+        )
 
-    def _owner_stopping(self, sig: signal.Signals) -> None:
-        # May run in a signal handler: one small send, no lock (a unix socket delivers a
-        # small send whole), never block.
-        with contextlib.suppress(OSError):
-            self._sock.send(json.dumps({"op": "stopping", "signal": int(sig)}).encode() + b"\n")
+    def _stop_signal(self, sig: signal.Signals, at: float) -> None:
+        self._send_quietly(op="stop", signal=int(sig), at=at)
 
-    def _poll_stopping(self) -> None:
-        """Read a ``stopping`` report the sidecar may have sent (it read the stop byte
-        first); never blocks, and leaves the socket to a request waiting for its answer."""
-        if self._closed or not self._lock.acquire(blocking=False):
+    def _stopping(self, pid: int, start_time: int | None) -> None:
+        self._send_quietly(op="stopped", pid=pid, start_time=start_time)
+
+    def _send_quietly(self, **msg: Any) -> None:
+        if self._closed:
             return
-        timeout = self._sock.gettimeout()
-        self._sock.settimeout(0.0)  # with a timeout set, recv() would wait for data first
-        try:
-            while True:
-                try:
-                    chunk = self._sock.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    return
-                if not chunk:
-                    break
-                self._buf += chunk
-            self._take_stopping_lines()
-        finally:
-            self._sock.settimeout(timeout)
-            self._lock.release()
-
-    def _take_stopping_lines(self) -> None:
-        kept = []
-        *lines, rest = self._buf.split(b"\n")
-        for line in lines:
-            if line.startswith(b"stopping "):
-                _stopsignals.record(int(line.split()[1]))
-            else:
-                kept.append(line)
-        self._buf = b"".join(line + b"\n" for line in kept) + rest
+        with contextlib.suppress(OSError), self._lock:
+            self._sock.sendall(_line(**msg))
 
     def wait_for_action(self, timeout: float) -> None:
         """Give the sidecar time to act on a death it is seeing (it will stop us)."""
@@ -232,8 +220,7 @@ class SidecarLink:
             self._proc.wait(timeout)
 
     def disarm(self, timeout: float | None) -> None:
-        with contextlib.suppress(OSError), self._lock:
-            self._send(op="disarm")
+        self._send_quietly(op="disarm")
         if timeout is None:
             self._proc.wait()
         else:
@@ -242,8 +229,8 @@ class SidecarLink:
 
     def close(self) -> None:
         """Release the socket (the sidecar, if alive, exits on end-of-file) and reap it."""
-        _stopsignals.remove_listener(self._owner_stopping)
-        _stopsignals.remove_source(self._poll_stopping)
+        _stopsignals.unsubscribe(self._stop_signal)
+        remove_stopping_listener(self._stopping)
         if self._closed:
             return
         self._closed = True
@@ -252,10 +239,9 @@ class SidecarLink:
             self._proc.wait(_START_TIMEOUT_S)
 
     def _send(self, **msg: Any) -> None:
-        self._sock.sendall(json.dumps(msg).encode() + b"\n")
+        self._sock.sendall(_line(**msg))
 
     def _expect(self, word: str) -> None:
-        self._take_stopping_lines()
         while b"\n" not in self._buf:
             try:
                 chunk = self._sock.recv(4096)
@@ -270,39 +256,35 @@ class SidecarLink:
                     "its stderr above says why (is healthkit importable by sys.executable?)"
                 )
             self._buf += chunk
-            self._take_stopping_lines()
         line, _, self._buf = self._buf.partition(b"\n")
-        if line.decode() != word:
+        try:
+            op = json.loads(line).get("op")
+        except (ValueError, AttributeError):
+            op = None
+        if op != word:
             raise SidecarError(f"sidecar protocol error: expected {word!r}, got {line!r}")
 
 
 # ---------------------------------------------------------------------- sidecar process
-class _Watched:
-    def __init__(
-        self, watch: ProcessWatch | None, msg: dict[str, Any], status: ExitStatus | None
-    ) -> None:
-        self.watch = watch
-        self.pid: int = msg["pid"]
-        self.name: str = msg["name"]
-        self.on_clean_exit = check_on_clean_exit(msg["on_clean_exit"])
-        self.pgrp: int | None = msg.get("pgrp")
-        self.status = status  # known before watching (ended, or gone already)
-
-
 class _Sidecar:
-    def __init__(self, sock: socket.socket, stop_fd: int | None) -> None:
+    def __init__(self, sock: socket.socket, peek_fd: int | None) -> None:
         self.sock = sock
-        self.stop_fd = stop_fd
+        self.peek = socket.socket(fileno=peek_fd) if peek_fd is not None else None
         self.buf = b""
-        self.stopping = False
         self.done = False  # disarmed, end-of-file or owner gone
         self.owner_status: dict[int, ExitStatus] = {}
-        self.watched: dict[int, _Watched] = {}  # id(watch) -> entry
-        self.pending: list[_Watched] = []  # deaths seen, not yet decided on
+        self.records: dict[int, Watched] = {}  # id(record) -> record
+        self.by_watch: dict[int, Watched] = {}  # id(watch) -> record
+        self.seen: list[Watched] = []  # deaths seen, not yet judged
+        self.stop_history: list[Signal] = []  # the owner's stop signals, as it reported them
+        self.unread_since: float | None = None  # first peek of a stop byte the owner left unread
+        self.stopped: set[tuple[int, int | None]] = set()  # healthkit.stop() targets
         self.config: dict[str, Any] = {}
         self.waits = WatchSet()
         self.diagnoser: ExitDiagnoser | None = None
         self.owner: ProcessWatch | None = None
+        self.judge: Judge | None = None
+        self.fired = False
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -313,9 +295,27 @@ class _Sidecar:
         *lines, self.buf = self.buf.split(b"\n")
         return [json.loads(line) for line in lines if line]
 
+    def read_pending_messages(self) -> None:
+        """Take every message already sent, without waiting (before a judgement: a stop or
+        a healthkit.stop() announced just before the death is then known)."""
+        self.sock.setblocking(False)
+        try:
+            while not self.done:
+                try:
+                    msgs = self.read_messages()
+                except (BlockingIOError, InterruptedError):
+                    return
+                if msgs is None:
+                    self.done = True
+                    return
+                for msg in msgs:
+                    self.on_message(msg)
+        finally:
+            self.sock.setblocking(True)
+
     def pump(self, until: Callable[[], bool], timeout: float) -> None:
-        """Handle control messages and stop bytes until ``until()`` or timeout; deaths seen
-        meanwhile wait in :attr:`pending`."""
+        """Handle control messages until ``until()`` or timeout; deaths seen meanwhile wait
+        in :attr:`seen`."""
         deadline = time.monotonic() + timeout
         while not until() and not self.done:
             remaining = deadline - time.monotonic()
@@ -329,7 +329,7 @@ class _Sidecar:
             if watch is self.owner:
                 self.done = True  # the owner is gone: nothing left to protect
             else:
-                self.pending.append(self.watched[id(watch)])
+                self.seen.append(self.by_watch[id(watch)])
 
     def on_control(self) -> None:
         msgs = self.read_messages()
@@ -341,128 +341,139 @@ class _Sidecar:
                 break
         self.waits.wake()  # a pump waits for what a message says
 
-    def drain_stop(self) -> None:
-        assert self.stop_fd is not None
-        self.waits.wake()
-        while True:
-            try:
-                data = os.read(self.stop_fd, 4096)
-            except OSError:
-                return
-            if not data:
-                self.waits.remove_fd(self.stop_fd)
-                self.stop_fd = None
-                return
-            stops = [b for b in data if b in _stopsignals.STOP_SIGNALS]
-            if stops and not self.stopping:
-                self.stopping = True
-                # The owner may not have read it (we took the byte): tell it.
-                with contextlib.suppress(OSError):
-                    self.sock.sendall(b"stopping %d\n" % stops[0])
-
     def on_message(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
         if op == "disarm":
             self.done = True
-        elif op == "stopping":
-            self.stopping = True
+        elif op == "stop":
+            self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
+        elif op == "stopped":
+            self.stopped.add((msg["pid"], msg["start_time"]))
         elif op == "status":
             self.owner_status[msg["pid"]] = ExitStatus(msg["returncode"], msg["source"])
         elif op == "watch":
-            entry = self.open(msg)
-            self.sock.sendall(b"watching\n")
-            if entry.watch is None:
-                self.pending.append(entry)
+            record = self.open(msg)
+            self.sock.sendall(_line(op="watching"))
+            if record.watch is None:
+                self.seen.append(record)
 
-    def open(self, msg: dict[str, Any]) -> _Watched:
+    def open(self, msg: dict[str, Any]) -> Watched:
+        record = Watched(
+            pid=msg["pid"],
+            name=msg["name"],
+            on_clean_exit=check_on_clean_exit(msg["on_clean_exit"]),
+            pgrp=msg.get("pgrp"),
+            start_time=msg.get("start_time"),
+        )
+        self.records[id(record)] = record
         if msg["ended"]:
-            return _Watched(None, msg, ExitStatus(msg["returncode"], "owner"))
-        pid = msg["pid"]
+            record.status = ExitStatus(msg["returncode"], "owner")
+            return record
         try:
-            watch = ProcessWatch(pid, name=msg["name"])
+            watch = ProcessWatch(record.pid, name=record.name)
         except NoSuchProcessError:
-            return _Watched(None, msg, None)  # gone already: the owner will say how
-        stat = read_proc_stat(pid)
-        start_time = msg["start_time"]
-        if start_time is not None and (stat is None or stat.start_time != start_time):
+            return record  # gone already: the owner will say how
+        stat = read_proc_stat(record.pid)
+        if record.start_time is not None and (stat is None or stat.start_time != record.start_time):
             watch.close()  # the pid now names another process: ours died already
-            return _Watched(None, msg, None)
-        entry = _Watched(watch, msg, None)
-        self.watched[id(watch)] = entry
+            return record
+        record.watch = watch
+        self.by_watch[id(watch)] = record
         self.waits.add(watch)
-        return entry
+        return record
 
-    # ---- deciding
-    def owner_exiting(self) -> bool:
-        """Whether the owner is dying or dead: its pidfd is readable only once all its
-        threads are gone, but a helper that dies *with* it (a parent-death signal sent when
-        the owner's forking thread exits) can be seen before that."""
+    # ---- what the sidecar knows of its owner
+    def episode(self, now: float) -> StopEpisode | None:
+        """The owner's stop episode at ``now``: a stop signal still pending for it, a stop
+        byte it has not read yet (its GIL may be held), and what it reported. Looked at in the
+        order a signal lives (queued, delivered, read and reported before its byte is
+        consumed), so a signal that moves on between two looks is caught by the next."""
+        assert self.owner is not None
+        history: list[Signal] = []
+        pending = _stopsignals.pending_stop(self.owner.pid)
+        if pending is not None:
+            history.append((pending, now, "pending"))
+        if self.peek is not None:
+            try:
+                unread = self.peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                unread = b""
+            except OSError:
+                unread = b""
+            stops = [b for b in unread if b in STOP_SIGNALS]
+            if stops:
+                if self.unread_since is None:
+                    self.unread_since = now
+                history.append((signal.Signals(stops[0]), self.unread_since, "delivered"))
+            else:
+                self.unread_since = None
+        self.read_pending_messages()
+        history.extend(self.stop_history)
+        return current_episode(history, now, float(self.config["stop_grace"]))
+
+    def owner_gone(self) -> bool:
+        """Whether the owner is dead or dying: its pidfd is readable only once all its
+        threads are gone, but a helper that dies *with* it (a parent-death signal, or the
+        SIGKILL torchrun sends to the whole group) can be seen before that."""
         assert self.owner is not None
         if self.owner.poll() is not None:
             return True
         stat = read_proc_stat(self.owner.pid)
-        return stat is None or stat.state in ("Z", "X")
+        if stat is None or stat.state in ("Z", "X"):
+            return True
+        pending = read_pending_signals(self.owner.pid)
+        return pending is not None and signal.SIGKILL in pending
 
-    def on_death(self, entry: _Watched) -> int | None:
-        if self.owner_exiting():
-            self.done = True  # it died with its owner (or is the owner's own teardown)
-            return 0
-        status = entry.status
-        if entry.watch is not None:
-            status = entry.watch.poll()
-            self.waits.remove(entry.watch)
-            del self.watched[id(entry.watch)]
-        if status is None or (
-            status.returncode is None and status.source != UNKNOWN_NOT_PERMITTED
-        ):
+    # ---- judging
+    def status_of(self, record: Watched) -> ExitStatus:
+        status = record.status
+        if record.watch is not None:
+            status = record.watch.poll()
+            self.waits.remove(record.watch)
+        if status is None or (status.returncode is None and status.source != UNKNOWN_NOT_PERMITTED):
             # The owner reaped it before we could read the zombie: its watcher thread
             # tells us what it learned (unless its GIL is held, and then it cannot reap).
-            pid = entry.pid
+            pid = record.pid
             self.pump(lambda: pid in self.owner_status, _OWNER_STATUS_WAIT_S)
             told = self.owner_status.get(pid)
-            if told is not None and (told.returncode is not None or status is None
-                                     or told.source != "unknown"):
+            if told is not None and (
+                told.returncode is not None or status is None or told.source != "unknown"
+            ):
                 status = told  # the owner knows better (the code, or why it is unknown)
             elif status is None:
                 status = ExitStatus(None, "unknown: gone before the sidecar could read it")
+        return status
+
+    def on_death(self, record: Watched) -> None:
+        status = self.status_of(record)
         if self.done:
-            return 0
-        verdict = self.verdict(entry, status)
-        same_group = entry.pgrp is None or entry.pgrp == self.config.get("owner_pgrp")
-        if verdict in (Verdict.FIRE, Verdict.WARN) and same_group and stop_like(status):
-            self.pump(lambda: self.stopping, float(self.config["stop_grace"]))
-            if self.done:
-                return 0
-            verdict = self.verdict(entry, status)
-        if verdict is Verdict.FIRE:
-            return self.fire(entry, status)
-        if verdict is Verdict.WARN:
-            assert self.diagnoser is not None
-            logger.warning(
-                "%s; not acting on it",
-                self.diagnoser.diagnose(status, name=entry.name, pid=entry.pid),
-            )
-        if entry.watch is not None:
-            entry.watch.close()
-        return None
+            return
+        self.read_pending_messages()  # a healthkit.stop() announced before it signalled
+        assert self.judge is not None
+        self.judge.judge(record, status, owner_gone=self.owner_gone())
+        if self.owner_gone():
+            self.done = True
 
-    def verdict(self, entry: _Watched, status: ExitStatus) -> Verdict:
-        return decide(
-            status,
-            armed=True,
-            on_clean_exit=entry.on_clean_exit,
-            owner_stopping=self.stopping,
-        )
-
-    def fire(self, entry: _Watched, status: ExitStatus) -> int:
+    def describe(self, record: Watched, status: ExitStatus) -> Diagnosis:
         assert self.diagnoser is not None
-        config = self.config
         subject: ProcessWatch | ExitStatus = (
-            entry.watch if entry.watch is not None and entry.watch.status is status else status
+            record.watch if record.watch is not None and record.watch.status is status else status
         )
-        diagnosis = self.diagnoser.diagnose(subject, name=entry.name, pid=entry.pid)
-        if diagnosis.exit_code == 0 and entry.on_clean_exit != "ignore":
-            diagnosis = returned_early(diagnosis)
+        # The start time names the process for good: its exception record and its kernel-log
+        # OOM record are found even when the owner reaped it before the sidecar read it.
+        diagnosis = self.diagnoser.diagnose(
+            subject, name=record.name, pid=record.pid, start_time=record.start_time
+        )
+        return early_exit_wording(diagnosis, record)
+
+    def fire(self, record: Watched, status: ExitStatus, excused: Decision | None) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        config = self.config
+        diagnosis = self.describe(record, status)
+        if excused is not None:
+            diagnosis = survived_stop_wording(diagnosis, excused)
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
         for action in (log_diagnosis(), write_torchelastic_error_file()):
             try:
@@ -486,10 +497,10 @@ class _Sidecar:
             watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
         # stop the other processes it asked us to watch, as its normal exit would have.
-        for other in self.watched.values():
+        for other in self.records.values():
             if other.watch is not None:
                 other.watch.terminate()
-        return 0
+        self.done = True
 
     # ---- main loop
     def run(self) -> int:
@@ -503,21 +514,33 @@ class _Sidecar:
         except NoSuchProcessError:
             return 0
         self.diagnoser = ExitDiagnoser()
+        self.judge = Judge(
+            name=self.config["name"] + " (sidecar)",
+            log=logger,
+            stop_grace=float(self.config["stop_grace"]),
+            owner_pgrp=int(self.config["owner_pgrp"]),
+            episode=self.episode,
+            stopped_by_healthkit=lambda r: (r.pid, r.start_time) in self.stopped,
+            describe=self.describe,
+            fire=self.fire,
+        )
         self.waits.add_fd(self.sock.fileno(), self.on_control)
         self.waits.add(self.owner)
-        if self.stop_fd is not None:
-            os.set_blocking(self.stop_fd, False)
-            self.waits.add_fd(self.stop_fd, self.drain_stop)
-        self.sock.sendall(b"ready\n")
+        self.sock.sendall(_line(op="ready"))
         with self.waits:
             while True:
-                while self.pending and not self.done:
-                    code = self.on_death(self.pending.pop(0))
-                    if code is not None:
-                        return code
+                while self.seen and not self.done:
+                    self.on_death(self.seen.pop(0))
                 if self.done:
                     return 0
-                self.note_deaths(self.waits.wait())
+                due = Judge.next_due(list(self.records.values()))
+                timeout = max(0.0, due - time.monotonic()) if due is not None else None
+                self.note_deaths(self.waits.wait(timeout))
+                if due is not None and time.monotonic() >= due and not self.done:
+                    self.read_pending_messages()
+                    self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())
+                    if self.owner_gone():
+                        return 0
 
 
 def main(argv: list[str]) -> int:
@@ -529,5 +552,5 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s healthkit sidecar: %(message)s",
     )
     sock = socket.socket(fileno=int(argv[0]))
-    stop_fd = int(argv[1])
-    return _Sidecar(sock, stop_fd if stop_fd >= 0 else None).run()
+    peek_fd = int(argv[1])
+    return _Sidecar(sock, peek_fd if peek_fd >= 0 else None).run()

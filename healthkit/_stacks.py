@@ -26,13 +26,17 @@ import faulthandler
 import logging
 import os
 import signal
+import stat as stat_module
 import time
+from collections.abc import Iterable
 from typing import IO
 
 from healthkit._errors import InvalidArgumentTypeError, check_pid, check_signal, check_timeout
-from healthkit._proc import catches_signal, read_proc_stat
+from healthkit._proc import catches_signal, descendants, read_proc_stat
+from healthkit._safefile import UnsafePathError, open_directory
+from healthkit._userdir import record_dir
 
-__all__ = ["dump_stacks", "enable_stack_dumps", "stack_file"]
+__all__ = ["dump_helper_stacks", "dump_stacks", "enable_stack_dumps", "stack_file"]
 
 logger = logging.getLogger("healthkit")
 
@@ -42,6 +46,8 @@ _open_files: dict[str, tuple[IO[str], int]] = {}
 _atexit_registered = False
 # (pid, start time) -> (signal, monotonic time) of every dump request this process sent.
 _signalled: dict[tuple[int, int | None], tuple[int, float]] = {}
+# Signals this process set to SIG_IGN when it withdrew an opt-in.
+_ignored_by_us: set[int] = set()
 
 
 def stack_file(directory: str, pid: int) -> str:
@@ -53,24 +59,62 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | No
 
     Call it at the start of a worker. Idempotent. Returns the file path, or ``None`` (with
     a warning) when the file cannot be created, e.g. the directory is gone: stacks are a
-    diagnostic, never a reason for a worker's start-up to fail.
+    diagnostic, never a reason for a worker's start-up to fail. The directory is opened
+    without following a symlink another user could have planted (:mod:`healthkit._safefile`).
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise InvalidArgumentTypeError(
             f"directory must be a path, got {directory!r}", "directory"
         )
     sig = check_signal(signum, "signum")
-    path = stack_file(os.fspath(directory), os.getpid())
+    return _enable(os.fspath(directory), sig, private=False)
+
+
+def enable_private_stack_dumps(directory: str) -> str | None:
+    """:func:`enable_stack_dumps` in this user's private record directory (made if
+    missing), unless the process already handles the signal itself. Returns the file only
+    when this call opted in (so the caller withdraws only what it made): ``None`` when the
+    process had opted in already (a nested wrapped call) or was not opted in."""
+    if stack_file(directory, os.getpid()) in _open_files:
+        return None
+    try:
+        handler = signal.getsignal(DEFAULT_SIGNAL)
+    except ValueError:
+        return None
+    # SIG_IGN set by an earlier withdrawal of ours (a wrapped function called again) is not
+    # the application's handler.
+    ours = handler == signal.SIG_IGN and int(DEFAULT_SIGNAL) in _ignored_by_us
+    if handler not in (signal.SIG_DFL, None) and not ours:
+        logger.debug("stack dumps not enabled: SIGUSR2 already has a handler here")
+        return None
+    return _enable(directory, DEFAULT_SIGNAL, private=True)
+
+
+def _enable(directory: str, sig: signal.Signals, *, private: bool) -> str | None:
+    path = stack_file(directory, os.getpid())
     if path in _open_files:
         return path
     stat = read_proc_stat(os.getpid())
     try:
+        dir_fd = open_directory(directory, create=private, private=private)
+    except (UnsafePathError, OSError) as e:
+        logger.warning("stack dumps not enabled: cannot create %s (%s)", path,
+                       getattr(e, "strerror", None) or e)
+        return None
+    try:
         fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            os.path.basename(path),
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
         )
     except OSError as e:
         logger.warning("stack dumps not enabled: cannot create %s (%s)", path, e.strerror)
         return None
+    finally:
+        os.close(dir_fd)
+    if private:
+        _prune_stale(directory)
     f = open(fd, "w")  # noqa: SIM115 - must stay open for the signal handler
     f.write(_HEADER.format(pid=os.getpid(), start=stat.start_time if stat else "?",
                            signum=int(sig)))
@@ -87,24 +131,59 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | No
     return path
 
 
+def withdraw_stack_dumps(path: str) -> None:
+    """Withdraw one opt-in made by this process (see :func:`_withdraw_all`)."""
+    entry = _open_files.pop(path, None)
+    if entry is not None:
+        _withdraw(path, *entry)
+
+
+def _prune_stale(directory: str, scan: int = 256) -> None:
+    """Remove opt-in files of processes that are gone (a SIGKILLed helper cannot withdraw
+    its own); looks at most at ``scan`` entries, so a helper's start-up stays cheap."""
+    try:
+        names = sorted(os.listdir(directory))[:scan]
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith("stack-") and name.endswith(".txt")):
+            continue
+        path = os.path.join(directory, name)
+        header = _read_header(path)
+        if header is None:
+            continue
+        pid, start, _ = header
+        stat = read_proc_stat(pid)
+        if stat is None or stat.start_time != start or stat.state in ("Z", "X"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _withdraw_all() -> None:
     """At interpreter exit: stop handling the dump signal, ignore it from now on, and
     delete the opt-in files, so that a late request neither kills nor finds us."""
     for path, (f, signum) in list(_open_files.items()):
-        try:
-            faulthandler.unregister(signum)
-            signal.signal(signum, signal.SIG_IGN)
-        except Exception:
-            pass
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        try:
-            f.close()
-        except Exception:
-            pass
+        _withdraw(path, f, signum)
     _open_files.clear()
+
+
+def _withdraw(path: str, f: IO[str], signum: int) -> None:
+    try:
+        faulthandler.unregister(signum)
+        signal.signal(signum, signal.SIG_IGN)
+        _ignored_by_us.add(signum)
+    except Exception:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    try:
+        f.close()
+    except Exception:
+        pass
 
 
 def _forget_after_fork() -> None:
@@ -113,11 +192,19 @@ def _forget_after_fork() -> None:
 
 
 def _read_header(path: str) -> tuple[int, int | None, int] | None:
+    # O_NONBLOCK and a regular-file check: a FIFO planted under the name must not block us.
     try:
-        with open(path, "rb") as f:
-            line = f.readline(200)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = os.read(fd, 200).partition(b"\n")[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     parts = dict(p.split(b"=", 1) for p in line.split()[1:] if b"=" in p)
     if not line.startswith(b"healthkit-stack-dump "):
         return None
@@ -143,6 +230,11 @@ def signalled_by_us(pid: int | None, signum: int, *, within: float = 300.0) -> b
         p == pid and s == signum and now - sent <= within
         for (p, _), (s, sent) in _signalled.items()
     )
+
+
+def is_opted_in(directory: str, pid: int, signum: int = DEFAULT_SIGNAL) -> bool:
+    """Whether ``pid`` is alive and opted in to stack dumps in ``directory`` right now."""
+    return _may_signal(directory, pid, signum)
 
 
 def _may_signal(directory: str, pid: int, signum: int) -> bool:
@@ -182,13 +274,22 @@ def dump_stacks(
         path = stack_file(directory, pid)
         try:
             before = os.path.getsize(path)
+            # Pinned by a pidfd, then checked again: the signal cannot reach a process that
+            # took over the pid after the checks above.
+            pidfd = os.pidfd_open(pid)
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+        try:
             stat = read_proc_stat(pid)
-            _signalled[(pid, stat.start_time if stat else None)] = (sig, time.monotonic())
-            os.kill(pid, sig)
-        except (ProcessLookupError, FileNotFoundError):
+            header = _read_header(path)
+            if stat is None or header is None or header[1] != stat.start_time:
+                continue
+            _signalled[(pid, stat.start_time)] = (sig, time.monotonic())
+            signal.pidfd_send_signal(pidfd, sig)
+        except (ProcessLookupError, PermissionError):
             continue
-        except PermissionError:
-            continue
+        finally:
+            os.close(pidfd)
         started[pid] = before
     # The handler is C code writing synchronously (microseconds); it needs no GIL. Poll
     # briefly until each file has grown and then held still once: this runs only on the
@@ -218,3 +319,57 @@ def dump_stacks(
         except OSError:
             out[pid] = None
     return out
+
+
+def opted_in(directory: str) -> list[int]:
+    """The live processes whose stack-dump opt-in is in ``directory`` (sorted pids)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not (name.startswith("stack-") and name.endswith(".txt")):
+            continue
+        try:
+            pid = int(name[len("stack-"):-len(".txt")])
+        except ValueError:
+            continue
+        if _may_signal(directory, pid, DEFAULT_SIGNAL):
+            out.append(pid)
+    return sorted(out)
+
+
+def dump_helper_stacks(
+    pids: Iterable[int] | None = None,
+    *,
+    below: bool = True,
+    directory: str | None = None,
+    timeout: float = 2.0,
+) -> dict[int, str | None]:
+    """The Python stacks of running helpers, e.g. to see where a job's helpers are stuck.
+
+    ``pids`` are the processes to ask, and with ``below`` every process below them
+    (give a rank's pid to get its helpers); ``None`` asks every live process of this user
+    that opted in. A helper answers when it opted in to stack dumps in ``directory``
+    (default :func:`healthkit.record_dir`): :func:`healthkit.record_exception` does so
+    for its entry point, :func:`healthkit.lowlevel.enable_stack_dumps` explicitly. Returns
+    ``pid -> stacks`` (``None`` for a process that did not opt in or did not answer within
+    ``timeout``). Nothing is sent to a process that did not opt in: the signal would kill it.
+    """
+    directory = directory or record_dir()
+    if pids is None:
+        targets = opted_in(directory)
+    else:
+        if isinstance(pids, (str, bytes)) or not hasattr(pids, "__iter__"):
+            raise InvalidArgumentTypeError(
+                f"pids must be an iterable of pids, got {pids!r}", "pids"
+            )
+        targets = []
+        for pid in pids:
+            check_pid(pid, "pids")
+            targets.append(pid)
+            if below:
+                targets.extend(descendants(pid))
+        targets = [p for p in dict.fromkeys(targets) if p != os.getpid()]
+    return dump_stacks(directory, targets, timeout=timeout)

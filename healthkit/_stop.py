@@ -10,10 +10,12 @@ logged at WARNING, because a worker that had to be SIGKILLed is a fact someone w
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from multiprocessing.process import BaseProcess
@@ -24,9 +26,55 @@ from healthkit._errors import NoSuchProcessError, check_timeout
 from healthkit._proc import descendants, read_proc_stat
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
-__all__ = ["StopReport", "stop", "watch_tree"]
+__all__ = [
+    "StopReport",
+    "add_stopping_listener",
+    "remove_stopping_listener",
+    "stop",
+    "stopped_by_healthkit",
+    "watch_tree",
+]
 
 logger = logging.getLogger("healthkit")
+
+# The processes stop() has set out to end, as (pid, start time): with its start time a pid
+# names one process for good, so this is a permanent fact about each, and a watchdog never
+# reports a process healthkit itself ended (a SIGTERM handler that stops a helper which
+# ignores SIGTERM: the SIGKILL that follows is ours, not the OOM killer's).
+_stopping: collections.deque[tuple[int, int | None]] = collections.deque(maxlen=4096)
+_stopping_listeners: list[Callable[[int, int | None], None]] = []
+_stopping_lock = threading.Lock()
+
+
+def stopped_by_healthkit(pid: int, start_time: int | None) -> bool:
+    """Whether :func:`stop` set out to end this process (same pid and start time)."""
+    with _stopping_lock:
+        return (pid, start_time) in _stopping or (
+            start_time is None and any(p == pid for p, _ in _stopping)
+        )
+
+
+def add_stopping_listener(fn: Callable[[int, int | None], None]) -> None:
+    """Call ``fn(pid, start_time)`` before :func:`stop` signals or asks a process to end."""
+    with _stopping_lock:
+        if fn not in _stopping_listeners:
+            _stopping_listeners.append(fn)
+
+
+def remove_stopping_listener(fn: Callable[[int, int | None], None]) -> None:
+    with _stopping_lock, contextlib.suppress(ValueError):
+        _stopping_listeners.remove(fn)
+
+
+def _note_stopping(watches: Iterable[ProcessWatch]) -> None:
+    keys = [(w.pid, w.start_time) for w in watches]
+    with _stopping_lock:
+        _stopping.extend(keys)
+        listeners = list(_stopping_listeners)
+    for fn in listeners:
+        for pid, start_time in keys:
+            with contextlib.suppress(Exception):
+                fn(pid, start_time)
 
 StopTarget = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
 
@@ -91,6 +139,7 @@ def stop(
         if not isinstance(target, int):
             owners.append(target)
     try:
+        _note_stopping(w for w in watches if w.poll() is None)
         if request is not None:
             try:
                 request()

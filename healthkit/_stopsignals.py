@@ -1,229 +1,344 @@
-"""Knowing that this process is being stopped, so that helpers dying with it are not blamed.
+"""Knowing when this process is being stopped, so that helpers dying with it are not blamed.
 
 Launchers stop jobs by signalling whole process groups: torchrun ``killpg(SIGTERM)``s each
 worker's group, a terminal's Ctrl-C reaches the whole foreground group. Helpers in the
 owner's group then die of the same signal (or, forked, run the owner's inherited handler and
 exit 0 or 1) while the owner is still running its own cleanup. Seen from the helper alone that
-is a crash; it is a shutdown. The watchdog asks this module whether the owner was asked to
-stop before it blames a helper for a stop-like death.
+is a crash; it is a shutdown. But a stop is an *episode*, not a state: a process that handles
+a signal and carries on (a notebook's "Interrupt kernel", a training loop that catches
+``KeyboardInterrupt``, a SIGHUP log reopen) is not stopping any more a few seconds later. This
+module records *when* each stop signal reached this process; :func:`current_episode` turns
+that history into the episode under way at a given moment, and the firing rule
+(:func:`healthkit._decide.decide`) judges each death against it.
 
-Mechanism: ``signal.set_wakeup_fd``. CPython's C-level signal handler writes the signal number
-to that fd when the signal is *delivered*, for every signal that has a Python-level handler:
-the default SIGINT handler and any handler the application installs, before or after
-``arm()``. It does so without the GIL, before any Python code runs, so it works while the main
-thread sits in native code, and a sidecar holding the read end learns of it even then.
-Signals left at ``SIG_DFL`` (SIGTERM and SIGHUP by default) kill the process outright: there is
-no owner left to protect and nothing to tell apart.
+Two traces of a stop signal, both read when a death is judged:
 
-When the wakeup fd is already taken (an asyncio loop set it), existing Python-level handlers of
-SIGTERM, SIGINT and SIGHUP are wrapped instead: the wrapper writes the same byte and then calls
-the handler it replaced. Handlers at ``SIG_DFL``/``SIG_IGN`` are never replaced, so
-installing healthkit never changes how the process reacts to a signal. An application that
-later replaces both (an asyncio loop started after ``arm()`` with ``add_signal_handler``)
-calls :func:`note_stop` from its handler.
+* **Delivered.** ``signal.set_wakeup_fd``: CPython's C-level handler writes the signal number
+  to that fd the moment a signal with a Python-level handler is delivered (the default SIGINT
+  handler and any handler the application installs, before or after ``arm()``), without the
+  GIL and before any Python code runs. healthkit keeps that fd (one end of a socketpair) for
+  the life of the process. One listener thread per process reads it: for each byte it first
+  *peeks* (records the time, tells the sidecars), then consumes. A sidecar holds a copy of the
+  read end and only ever peeks, so a byte that the owner could not read yet (its GIL is held)
+  is visible to it, and no two readers race for a byte.
+* **Pending.** A signal the kernel has queued but no thread has taken yet (the main thread in an
+  uninterruptible read from a slow NFS/FUSE file, the signal blocked) is in
+  ``/proc/<pid>/status`` (``ShdPnd``/``SigPnd``). ``killpg`` queues the signal on every member
+  of the group before any of them can exit (the exit takes the tasklist lock that ``killpg``
+  holds), so when a helper's death is seen, the owner's share of the same group signal is
+  already pending or delivered: recognising a group stop never needs a wait.
 
-The state is per process: a stop seen once stays seen (a process asked to stop is stopping).
-A forked child starts with a clean state and gives the wakeup fd back, so a helper's own
-signals are never taken for the owner's.
+The application keeps its wakeup fd. ``signal.set_wakeup_fd`` is replaced, at the first
+``install()``, by a function with the same contract (main thread only, returns the previous
+fd) that records the application's fd instead of handing it to the interpreter; the listener
+relays every byte to it. asyncio (``loop.add_signal_handler``) and trio therefore work as before,
+whether their loop started before or after ``arm()``, and a finished ``asyncio.run()`` that set
+the fd back to -1 does not blind healthkit. Code that reaches the C API directly, or a handler
+written in C, leaves no trace here: such an application calls :func:`note_stop` from its
+handler.
+
+A forked child starts with no history and hands the interpreter the application's fd back.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import os
+import select
 import signal
+import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import Final, Literal
 
-__all__ = ["STOP_SIGNALS", "install", "note_stop", "read_fd", "stop_seen"]
+import attrs
+
+from healthkit._proc import read_pending_signals
+
+__all__ = [
+    "STOP_SIGNALS",
+    "StopEpisode",
+    "current_episode",
+    "episode",
+    "install",
+    "note_stop",
+    "pending_stop",
+    "subscribe",
+    "unsubscribe",
+]
 
 #: The signals that mean "stop" when a launcher, a terminal or a scheduler sends them.
 STOP_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
-_lock = threading.Lock()
-_pid: int | None = None  # the process the state below belongs to
-_read: int | None = None
-_write: int | None = None
-_wakeup_ours = False
-_wrapped: dict[int, Any] = {}  # signum -> the handler our wrapper chains to
-_seen: tuple[signal.Signals, float] | None = None
-_listeners: list[Callable[[signal.Signals], None]] = []
-_sources: list[Callable[[], None]] = []
+#: How a stop signal was seen: delivered (the wakeup fd), pending (``/proc``, not yet taken
+#: by any thread), or noted by the application (:func:`note_stop`).
+Seen = Literal["delivered", "pending", "noted"]
+
+_HISTORY = 64  # stop signals remembered; an episode never needs more than the last few
+
+
+@attrs.frozen
+class StopEpisode:
+    """A stop of this process under way: the first stop signal of the episode and when it came.
+
+    ``began`` is ``time.monotonic()`` (``CLOCK_MONOTONIC``, the same clock in every process of
+    the machine, so a sidecar and its owner compare times directly).
+    """
+
+    signal: signal.Signals
+    began: float
+    seen: Seen
+
+    def describe(self, now: float) -> str:
+        how = {"delivered": "received", "pending": "pending", "noted": "noted"}[self.seen]
+        return f"{self.signal.name} {how} {max(0.0, now - self.began):.2f}s ago"
+
+
+Signal = tuple[signal.Signals, float, Seen]
+
+
+def current_episode(history: Iterable[Signal], now: float, grace: float) -> StopEpisode | None:
+    """The stop episode under way at ``now``, if any.
+
+    An episode begins with a stop signal and lasts ``grace`` seconds; a stop signal inside it
+    belongs to it (Ctrl-C pressed twice is one stop), a stop signal after it begins a new one.
+    Pure: the same history, time and grace always give the same episode.
+    """
+    began: Signal | None = None
+    # History holds only signals that have arrived: one stamped after ``now`` arrived while
+    # the caller was reading it (the read takes a moment), so it counts as arrived at ``now``.
+    for sig, when, seen in sorted(history, key=lambda e: e[1]):
+        entry = (sig, min(when, now), seen)
+        if began is None or entry[1] >= began[1] + grace:
+            began = entry
+    if began is None or now >= began[1] + grace:
+        return None
+    return StopEpisode(began[0], began[1], began[2])
+
+
+def pending_stop(pid: int) -> signal.Signals | None:
+    """A stop signal queued for ``pid`` that no thread of it has taken yet, if any."""
+    pending = read_pending_signals(pid)
+    if not pending:
+        return None
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig in pending:
+            return sig
+    return None
+
+
+class _Listener:
+    """The per-process owner of the signal wakeup fd: the one reader of stop signals."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.rsock, self.wsock = socket.socketpair()  # close-on-exec: exec'd children never see it
+        self.rsock.setblocking(False)
+        self.wsock.setblocking(False)
+        # Reentrant: note_stop() may run in a Python signal handler of the main thread while
+        # that thread is inside history().
+        self.lock = threading.RLock()
+        self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
+        self.subscribers: list[Callable[[signal.Signals, float], None]] = []
+        self.app_fd = -1  # the application's wakeup fd: every byte is relayed to it
+        self.app_warn = False
+        self.thread = threading.Thread(
+            target=self._listen, name="healthkit stop listener", daemon=True
+        )
+
+    def _listen(self) -> None:
+        poller = select.poll()
+        poller.register(self.rsock, select.POLLIN)
+        while self.pid == os.getpid():
+            with contextlib.suppress(InterruptedError):
+                poller.poll()
+            try:
+                self.drain()
+            except OSError:  # closed after fork in a child (this thread does not exist there)
+                return
+
+    def drain(self) -> None:
+        """Record, announce and relay every byte waiting on the wakeup socket, then consume
+        it. Peek first: until a byte is consumed, a sidecar peeking the same socket sees it."""
+        with self.lock:
+            while True:
+                try:
+                    data = self.rsock.recv(4096, socket.MSG_PEEK)
+                except (BlockingIOError, InterruptedError):
+                    return
+                if not data:
+                    return
+                now = time.monotonic()
+                for byte in data:
+                    if byte in STOP_SIGNALS:
+                        self._record(signal.Signals(byte), now, "delivered")
+                self._relay(data)
+                self.rsock.recv(len(data))
+
+    def _record(self, sig: signal.Signals, when: float, seen: Seen) -> None:
+        self.history.append((sig, when, seen))
+        if seen == "pending":
+            return  # a sidecar reads the owner's pending signals itself
+        for fn in list(self.subscribers):
+            with contextlib.suppress(Exception):
+                fn(sig, when)
+
+    def _relay(self, data: bytes) -> None:
+        fd = self.app_fd
+        if fd < 0:
+            return
+        try:
+            os.write(fd, data)
+        except BlockingIOError:
+            if self.app_warn:  # what the interpreter itself would have said
+                sys.stderr.write(
+                    "Exception ignored when trying to write to the signal wakeup fd:\n"
+                    "BlockingIOError: [Errno 11] Resource temporarily unavailable\n"
+                )
+        except OSError:
+            pass
+
+
+_listener: _Listener | None = None
+_install_lock = threading.Lock()
+_real_set_wakeup_fd = signal.set_wakeup_fd
 _at_fork_registered = False
+
+
+def _set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
+    """``signal.set_wakeup_fd`` while healthkit holds the interpreter's wakeup fd: the same
+    contract (main thread only, a valid non-blocking fd or -1, returns the previous one), but
+    the fd is recorded and every signal byte is relayed to it by healthkit's listener."""
+    listener = _listener
+    if listener is None or listener.pid != os.getpid():
+        return _real_set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
+    fd = fd.__index__()
+    # Re-asserting ours checks the caller is the main thread of the main interpreter, with
+    # the interpreter's own error.
+    _real_set_wakeup_fd(listener.wsock.fileno(), warn_on_full_buffer=False)
+    if fd != -1:
+        os.fstat(fd)  # OSError for a closed fd, as the interpreter raises
+        if os.get_blocking(fd):
+            raise ValueError(f"the fd {fd} must be in non-blocking mode")
+    previous, listener.app_fd, listener.app_warn = listener.app_fd, fd, warn_on_full_buffer
+    return previous
+
+
+functools.update_wrapper(_set_wakeup_fd, _real_set_wakeup_fd)
 
 
 def install() -> bool:
     """Start noticing stop signals in this process; idempotent. Main thread only.
 
-    Returns ``False`` when called from another thread before any main-thread call (the
-    signal machinery can only be changed from the main thread); stop detection is then
-    unavailable and group stops may be reported as helper failures.
+    Returns ``False`` when called from another thread before any main-thread call (the signal
+    wakeup fd can only be set from the main thread); delivered stop signals then leave no
+    trace, and only pending ones and :func:`note_stop` are seen.
     """
-    global _pid, _read, _write, _wakeup_ours, _at_fork_registered
-    with _lock:
-        if _pid == os.getpid():
+    global _listener, _at_fork_registered
+    with _install_lock:
+        if _listener is not None and _listener.pid == os.getpid():
             return True
         if threading.current_thread() is not threading.main_thread():
             return False
-        r, w = os.pipe()  # close-on-exec: spawned and exec'd children never see it
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
+        listener = _Listener()
         try:
-            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            previous = _real_set_wakeup_fd(listener.wsock.fileno(), warn_on_full_buffer=False)
         except ValueError:  # not the main interpreter
-            os.close(r)
-            os.close(w)
+            listener.rsock.close()
+            listener.wsock.close()
             return False
-        if previous != -1:
-            signal.set_wakeup_fd(previous)  # someone else's (asyncio): leave it to them
-            _wakeup_ours = False
-            for signum in STOP_SIGNALS:
-                _wrap(signum)
-        else:
-            _wakeup_ours = True
-        _pid, _read, _write = os.getpid(), r, w
+        listener.app_fd = previous  # an asyncio loop already running: relay to it
+        _listener = listener
+        signal.set_wakeup_fd = _set_wakeup_fd
+        listener.thread.start()
         if not _at_fork_registered:
             os.register_at_fork(after_in_child=_reset_in_child)
             _at_fork_registered = True
         return True
 
 
-def _wrap(signum: int) -> None:
-    current = signal.getsignal(signum)
-    if not callable(current) or getattr(current, "_healthkit_stop_wrapper", False):
-        return  # SIG_DFL, SIG_IGN, set from C (None), or already ours
-
-    def wrapper(sig: int, frame: Any) -> Any:
-        _write_byte(sig)
-        return current(sig, frame)
-
-    wrapper._healthkit_stop_wrapper = True  # type: ignore[attr-defined]
-    signal.signal(signum, wrapper)
-    _wrapped[signum] = current
-
-
-def _write_byte(sig: int) -> None:
-    # Runs in a signal handler: no locks, no allocation beyond the byte.
-    fd = _write
-    if fd is None or _pid != os.getpid():
-        return
-    with contextlib.suppress(OSError):
-        os.write(fd, bytes([sig]))
-
-
 def _reset_in_child() -> None:
-    """After fork, in the child: the parent's pipe and stop state are not ours."""
-    global _pid, _read, _write, _wakeup_ours, _seen
-    if _wakeup_ours:
-        with contextlib.suppress(Exception):
-            # The child's main thread is the thread that forked. Give back only our own fd.
-            previous = signal.set_wakeup_fd(-1)
-            if previous != _write:
-                signal.set_wakeup_fd(previous)
-    for fd in (_read, _write):
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    _pid = _read = _write = None
-    _wakeup_ours = False
-    _seen = None
-    _listeners.clear()
-    _sources.clear()
-    # Wrapped handlers stay (they chain and write nothing: _pid no longer matches).
+    """After fork, in the child: the parent's listener is not ours. Hand the interpreter the
+    application's wakeup fd back (the child's main thread is the thread that forked)."""
+    global _listener
+    listener, _listener = _listener, None
+    if listener is None:
+        return
+    with contextlib.suppress(Exception):
+        _real_set_wakeup_fd(listener.app_fd, warn_on_full_buffer=listener.app_warn)
+    for sock in (listener.rsock, listener.wsock):
+        with contextlib.suppress(OSError):
+            sock.close()
 
 
-def read_fd() -> int | None:
-    """The read end of the stop pipe (bytes are signal numbers), or ``None``."""
-    return _read if _pid == os.getpid() else None
+def _here() -> _Listener | None:
+    listener = _listener
+    return listener if listener is not None and listener.pid == os.getpid() else None
+
+
+def peek_fd() -> int | None:
+    """The read end of the wakeup socket, for a sidecar to peek at (never to read)."""
+    listener = _here()
+    return listener.rsock.fileno() if listener is not None else None
+
+
+def history() -> list[Signal]:
+    """Every stop signal this process is known to have received, oldest first; a stop signal
+    pending right now is added as seen now."""
+    listener = _here()
+    now = time.monotonic()
+    # In the order a signal lives: queued (pending), then delivered (its byte on the
+    # socket), then read. Looked at in that order, a signal that moves on between two looks
+    # is still caught by the second.
+    sig = pending_stop(os.getpid())
+    if listener is not None:
+        with contextlib.suppress(OSError):
+            listener.drain()
+    if listener is None:
+        return [(sig, now, "pending")] if sig is not None else []
+    with listener.lock:
+        if sig is not None:
+            listener._record(sig, now, "pending")
+        return list(listener.history)
+
+
+def episode(now: float, grace: float) -> StopEpisode | None:
+    """The stop episode of this process under way at ``now`` (see :func:`current_episode`)."""
+    return current_episode(history(), now, grace)
 
 
 def note_stop(signum: int = signal.SIGTERM) -> None:
-    """Record that this process is being stopped (for handlers healthkit cannot see).
-
-    Call it from a signal handler installed in a way healthkit cannot observe, e.g. an
-    asyncio ``loop.add_signal_handler`` set up after arming a watchdog.
-    """
+    """Record that this process is being stopped, for handlers healthkit cannot see (one
+    written in C, or a signal delivered through a route that bypasses the wakeup fd)."""
     sig = signal.Signals(signum)
-    _write_byte(sig)  # wakes a watcher (or a sidecar) blocked on the pipe
-    _record(sig)
-
-
-def _record(sig: signal.Signals) -> None:
-    global _seen
-    with _lock:
-        if _seen is not None:
+    listener = _here()
+    if listener is None:
+        if not install():
             return
-        _seen = (sig, time.monotonic())
-        listeners = list(_listeners)
-    for listener in listeners:
-        with contextlib.suppress(Exception):
-            listener(sig)
+        listener = _here()
+        assert listener is not None
+    with listener.lock:
+        listener._record(sig, time.monotonic(), "noted")
 
 
-def drain() -> None:
-    """Read what the pipe holds and remember the first stop signal in it."""
-    fd = read_fd()
-    if fd is None:
+def subscribe(fn: Callable[[signal.Signals, float], None]) -> None:
+    """Call ``fn(signal, when)`` for each stop signal delivered or noted from now on (before
+    its byte is consumed, so a peeking sidecar never misses it between the two)."""
+    listener = _here()
+    if listener is None:
         return
-    stop: signal.Signals | None = None
-    while True:
-        try:
-            data = os.read(fd, 4096)
-        except (BlockingIOError, OSError):
-            break
-        if not data:
-            break
-        for byte in data:
-            if stop is None and byte in STOP_SIGNALS:
-                stop = signal.Signals(byte)
-    if stop is not None:
-        _record(stop)
+    with listener.lock:
+        if fn not in listener.subscribers:
+            listener.subscribers.append(fn)
 
 
-def stop_seen() -> tuple[signal.Signals, float] | None:
-    """``(signal, monotonic time)`` of the first stop request this process received."""
-    drain()
-    if _seen is None:
-        for source in list(_sources):
-            with contextlib.suppress(Exception):
-                source()
-    return _seen
-
-
-def record(signum: int) -> None:
-    """Record a stop learned elsewhere (a sidecar that read the pipe first)."""
-    _record(signal.Signals(signum))
-
-
-def add_source(fn: Callable[[], None]) -> None:
-    """Have :func:`stop_seen` call ``fn()``, which may :func:`record` a stop it learned.
-
-    A sidecar holds a copy of the pipe's read end and may read a stop byte before this
-    process does; its link reports it back through such a source.
-    """
-    with _lock:
-        if fn not in _sources:
-            _sources.append(fn)
-
-
-def remove_source(fn: Callable[[], None]) -> None:
-    with _lock, contextlib.suppress(ValueError):
-        _sources.remove(fn)
-
-
-def add_listener(fn: Callable[[signal.Signals], None]) -> None:
-    """Call ``fn(signal)`` once when a stop is first recorded (from whoever records it)."""
-    with _lock:
-        if fn not in _listeners:
-            _listeners.append(fn)
-        seen = _seen
-    if seen is not None:
-        with contextlib.suppress(Exception):
-            fn(seen[0])
-
-
-def remove_listener(fn: Callable[[signal.Signals], None]) -> None:
-    with _lock, contextlib.suppress(ValueError):
-        _listeners.remove(fn)
+def unsubscribe(fn: Callable[[signal.Signals, float], None]) -> None:
+    listener = _here()
+    if listener is None:
+        return
+    with listener.lock, contextlib.suppress(ValueError):
+        listener.subscribers.remove(fn)

@@ -319,6 +319,13 @@ class ProcessWatch:
         return self._closed
 
     @property
+    def start_time(self) -> int | None:
+        """The process's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot),
+        read while the pid was pinned to it; ``None`` if it was gone by then. With the pid
+        it names the process: a later process that reuses the pid has another start time."""
+        return self._start_time
+
+    @property
     def peak_rss_bytes(self) -> int | None:
         """Highest resident set size seen by :meth:`sample_rss` while the process lived."""
         return self._peak_rss

@@ -11,8 +11,9 @@ it is the newest hook and runs first in step (3), before any teardown of daemon 
 and the watchdog still watches while non-daemon threads finish in step (2) (a helper death
 then would otherwise hang that join). The hook is installed lazily on the first ``arm()``.
 
-Stops are not failures: see :mod:`healthkit._stopsignals` for how a signal sent to the
-whole process group (torchrun, Ctrl-C) is told apart from a helper failure.
+Stops are not failures: :mod:`healthkit._stopsignals` records when this process is asked to
+stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
+:class:`healthkit._judge.Judge`) judges each death against the stop episode under way.
 """
 
 from __future__ import annotations
@@ -28,34 +29,37 @@ from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-import attrs
-
 from healthkit import _stopsignals
 from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
-from healthkit._decide import OnCleanExit, Verdict, check_on_clean_exit, decide, stop_like
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early
+from healthkit._decide import Decision, OnCleanExit, Verdict, check_on_clean_exit, decide
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import (
     InterpreterShutdownError,
+    InvalidArgumentError,
     InvalidArgumentTypeError,
+    WatchClosedError,
     check_exit_code,
     check_pid,
     check_timeout,
 )
+from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._sidecar import SidecarLink
+from healthkit._stop import stopped_by_healthkit
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
-__all__ = ["DisarmableWatchdog", "Verdict", "decide"]
+__all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog"]
 
 logger = logging.getLogger("healthkit")
 
 Target = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
 
 
-@attrs.define(eq=False)
-class _Entry:
-    watch: ProcessWatch
-    on_clean_exit: OnCleanExit
-    owned: bool  # we built the ProcessWatch, so we close it
+#: How long after a stop signal a death it excused waits before it is reported anyway, if
+#: this process is still running. 30 s is the grace torchrun (``PContext.close``), Kubernetes
+#: (``terminationGracePeriodSeconds``) and SLURM (``KillWait``) give a stopped process before
+#: SIGKILL: an owner still running after it was not being stopped by them; one that exits
+#: within it (a checkpoint, a flush) was.
+DEFAULT_STOP_GRACE_S = 30.0
 
 
 # Strong references on purpose: an armed watchdog must outlive its last user reference
@@ -120,10 +124,12 @@ class DisarmableWatchdog:
     owner still tells the sidecar the exit statuses it learns and, if the sidecar dies,
     logs it at ERROR and takes over the watching.
 
-    A helper that dies of a stop signal (SIGTERM, SIGINT, SIGHUP), or exits with any code,
-    while in this process's group may be part of a stop sent to the whole group (torchrun,
-    Ctrl-C): such a death fires only if this process has not been asked to stop within
-    ``stop_grace`` seconds. SIGKILL and crash signals fire at once.
+    Stops are not failures, and not a state either: a stop-like death (SIGTERM, SIGINT,
+    SIGHUP, any exit code) while this process is being stopped (a stop signal pending or
+    received less than ``stop_grace`` seconds ago) is logged at WARNING at once and reported
+    as a failure only if this process is still running when that grace ends. Every other
+    death is decided at once: SIGKILL and crash signals always, any death when no stop is
+    under way.
     """
 
     def __init__(
@@ -138,18 +144,24 @@ class DisarmableWatchdog:
         exit_code: int = 1,
         kill_grace: float = 2.0,
         rss_sample_interval: float | None = None,
-        stop_grace: float = 1.0,
+        stop_grace: float = DEFAULT_STOP_GRACE_S,
     ) -> None:
         if mode not in ("thread", "sidecar"):
-            raise ValueError(f"mode must be 'thread' or 'sidecar', got {mode!r}")
+            raise InvalidArgumentError(f"mode must be 'thread' or 'sidecar', got {mode!r}", "mode")
         if mode == "sidecar" and actions is not None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "mode='sidecar' runs fixed actions in another process (log, error file, "
-                "kill this process); use exit_code= to choose the code, or mode='thread' "
-                "for custom actions"
+                "stop this process); use exit_code= to choose the code, or mode='thread' "
+                "for custom actions",
+                "actions",
             )
         if not isinstance(name, str):
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
+        if diagnoser is not None and not isinstance(diagnoser, ExitDiagnoser):
+            raise InvalidArgumentTypeError(
+                f"diagnoser must be a healthkit.ExitDiagnoser or None, got {diagnoser!r}",
+                "diagnoser",
+            )
         self.name = name
         self.mode = mode
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
@@ -164,23 +176,35 @@ class DisarmableWatchdog:
         stop = check_timeout(stop_grace, "stop_grace", allow_none=False)
         assert stop is not None
         self.stop_grace: float = stop
-        self.actions: list[Action] = list(actions) if actions is not None else default_actions(
-            exit_code
+        self.actions: list[Action] = (
+            _check_actions(actions) if actions is not None else default_actions(exit_code)
         )
         self._diagnoser = diagnoser
         self._owns_diagnoser = False
         self._lock = threading.RLock()
-        self._entries: dict[int, _Entry] = {}  # id(watch) -> entry, in insertion order
-        self._by_pid: dict[int, _Entry] = {}  # pid -> the entry of a still-running watch
+        self._judging = threading.RLock()  # one judgement at a time: watcher or exit hook
+        self._records: dict[int, Watched] = {}  # id(watch) -> record, in insertion order
         self._armed = False
         self._inert = False
         self._fired: Diagnosis | None = None
+        self._error: BaseException | None = None
         self._actions_done = threading.Event()
         self._owner_pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._set: WatchSet | None = None
         self._sidecar: SidecarLink | None = None
         self._sidecar_watch: ProcessWatch | None = None
+        self._judge = Judge(
+            name=self.name,
+            log=logger,
+            stop_grace=self.stop_grace,
+            owner_pgrp=os.getpgrp(),
+            episode=lambda now: _stopsignals.episode(now, self.stop_grace),
+            stopped_by_healthkit=lambda r: stopped_by_healthkit(r.pid, r.start_time),
+            describe=self._brief,
+            fire=self._fire,
+            armed=lambda: self._armed,
+        )
         for target in watches:
             self.watch(target)
 
@@ -195,21 +219,27 @@ class DisarmableWatchdog:
         return self._fired
 
     @property
+    def error(self) -> BaseException | None:
+        """Why the watcher stopped watching on its own, if it did (it is then disarmed, and
+        said so at ERROR)."""
+        return self._error
+
+    @property
     def sidecar_pid(self) -> int | None:
         """The pid of the sidecar watcher while armed in ``mode="sidecar"``."""
         return self._sidecar.pid if self._sidecar is not None else None
 
     @property
     def watches(self) -> list[ProcessWatch]:
-        return [e.watch for e in self._entries.values()]
+        return [r.watch for r in self._records.values() if r.watch is not None]
 
     @staticmethod
     def note_stop(signum: int = signal.SIGTERM) -> None:
         """Tell every watchdog of this process that it is being stopped.
 
-        Needed only from a signal handler healthkit cannot observe: one installed in C, or
-        an asyncio ``loop.add_signal_handler`` set up after ``arm()`` (it takes over the
-        signal wakeup fd). Handlers installed with ``signal.signal`` need nothing.
+        Needed only from a handler healthkit cannot observe: one written in C, or a route that
+        bypasses the signal wakeup fd. Handlers installed with ``signal.signal`` or asyncio's
+        ``loop.add_signal_handler`` need nothing.
         """
         _stopsignals.note_stop(signum)
 
@@ -233,19 +263,20 @@ class DisarmableWatchdog:
                 f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
                 "target",
             )
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
-            known = self._by_pid.get(pid) if pid is not None else None
-            if known is not None and known.watch.status is None:
-                return known.watch
+            for known in self._records.values():
+                if known.pid == pid and known.watch is not None and known.watch.status is None:
+                    return known.watch
             owned = not isinstance(target, ProcessWatch)
             watch = target if isinstance(target, ProcessWatch) else ProcessWatch(target, name=name)
-            entry = _Entry(watch, rule, owned)
-            self._entries[id(watch)] = entry
-            self._by_pid[watch.pid] = entry
+            record = Watched.of(watch, rule, owned=owned)
+            self._records[id(watch)] = record
             if self._armed and not self._inert:
                 if self._sidecar is not None:
-                    self._tell_sidecar(self._sidecar, entry)
+                    self._sidecar.watch(record)
                 if self._set is not None:
                     self._set.add(watch)
             return watch
@@ -274,34 +305,29 @@ class DisarmableWatchdog:
             if not _stopsignals.install():
                 logger.warning(
                     "%s armed outside the main thread before any watchdog was armed in it: "
-                    "a stop signal sent to the whole process group (torchrun, Ctrl-C) cannot "
-                    "be told apart from a helper failure. Arm one watchdog from the main "
-                    "thread first",
+                    "a stop signal this process has already taken is not seen, so a helper "
+                    "dying of a stop sent to the whole process group (torchrun, Ctrl-C) may be "
+                    "reported as a failure. Arm one watchdog from the main thread first",
                     self.name,
                 )
             for action in self.actions:
                 prepare = getattr(action, "prepare", None)
                 if prepare is not None:
                     prepare()
+            self._judge.owner_pgrp = os.getpgrp()
+            self._error = None
             self._armed = True
             _ARMED.add(self)
-            watch_set = WatchSet(e.watch for e in self._entries.values())
-            stop_fd = _stopsignals.read_fd()
+            watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
             if self.mode == "sidecar":
                 link = SidecarLink(
-                    name=self.name,
-                    kill_grace=self.kill_grace,
-                    stop_grace=self.stop_grace,
-                    stop_fd=stop_fd,
+                    name=self.name, kill_grace=self.kill_grace, stop_grace=self.stop_grace
                 )
                 self._sidecar = link
-                for e in self._entries.values():
-                    self._tell_sidecar(link, e)
+                for record in self._records.values():
+                    link.watch(record)
                 self._sidecar_watch = link.process_watch()
                 watch_set.add(self._sidecar_watch)
-            elif stop_fd is not None:
-                # Keeps the stop pipe drained (and the stop recorded) as signals arrive.
-                watch_set.add_fd(stop_fd, _stopsignals.drain)
             self._set = watch_set
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
@@ -345,11 +371,12 @@ class DisarmableWatchdog:
 
     def _release(self) -> None:
         """Close the watches and the diagnoser this watchdog built itself."""
-        for e in self._entries.values():
-            if e.owned:
-                e.watch.close()
-        self._entries = {k: e for k, e in self._entries.items() if not e.owned}
-        self._by_pid = {e.watch.pid: e for e in self._entries.values()}
+        for r in self._records.values():
+            if r.owned and r.watch is not None:
+                r.watch.close()
+        self._records = {k: r for k, r in self._records.items() if not r.owned}
+        for r in self._records.values():  # a new arm() judges what it sees afresh
+            r.settled, r.deferred = False, None
         if self._sidecar_watch is not None:
             self._sidecar_watch.close()
             self._sidecar_watch = None
@@ -371,33 +398,43 @@ class DisarmableWatchdog:
     def _report_death_before_shutdown(self) -> None:
         """At interpreter exit, before disarming: fire for a helper that already died.
 
-        An exit that *follows* a helper's death is usually its consequence (the client
-        call raised and ended the main thread) while the watcher had not run yet; disarming
-        first would lose the diagnosis. Deaths that happen after this check (the SIGTERM of
-        the teardown) still never fire.
+        An exit that *follows* a helper's death is usually its consequence (the client call
+        raised and ended the main thread) while the watcher had not run yet; disarming first
+        would lose the diagnosis. The same rule decides, knowing this process is exiting: a
+        death a stop excuses is dropped (this process did end within the stop's grace);
+        deaths that happen after this check (the SIGTERM of the teardown) never fire.
         """
         if not self._armed or self._inert or os.getpid() != self._owner_pid:
             return
-        pending = [
-            e for e in list(self._entries.values())
-            if self._verdict(e, e.watch.peek(), armed=True) is Verdict.FIRE
-        ]  # fmt: skip
-        if pending and all(_may_be_group_stop(e.watch) for e in pending):
-            # This exit may itself be the stop that ended them (a handler that exits at
-            # once): give the stop the same grace as the watcher would.
-            _wait_for_stop(self.stop_grace)
-            pending = [
-                e for e in pending if self._verdict(e, e.watch.peek(), armed=True) is Verdict.FIRE
-            ]
-        if not pending:
-            return
-        if self._sidecar is not None:
-            # The sidecar reads the zombie (peek() did not reap it) and stops this process;
-            # give it the time it needs instead of telling it to stand down.
-            self._sidecar.wait_for_action(self.kill_grace + 5.0)
-            return
-        self._observe(pending[0].watch)  # runs the actions here unless already fired
-        self._actions_done.wait(5.0)  # the watcher thread may be running them right now
+        now = time.monotonic()
+        for record in list(self._records.values()):
+            if record.settled or record.watch is None:
+                continue
+            status = record.status or record.watch.peek()
+            if status is None:
+                continue
+            link = self._sidecar
+            if link is None:
+                with self._judging:
+                    self._judge.judge(record, status, now=now, owner_exiting=True)
+                continue
+            # The sidecar decides: ask the same rule whether it is about to act, and if so
+            # give it the time it needs (it stops this process) instead of standing it down.
+            decision = decide(
+                status,
+                armed=True,
+                on_clean_exit=record.on_clean_exit,
+                stopped_by_healthkit=stopped_by_healthkit(record.pid, record.start_time),
+                stop=_stopsignals.episode(now, self.stop_grace),
+                stop_grace=self.stop_grace,
+                now=now,
+                owner_exiting=True,
+            )
+            if decision.verdict is Verdict.FIRE:
+                link.wait_for_action(self.kill_grace + 5.0)
+                return
+        if self._fired is not None:
+            self._actions_done.wait(5.0)  # the watcher thread may be running them right now
 
     def _become_inert(self) -> None:
         # In a forked child: the watcher thread does not exist here and the processes are
@@ -409,35 +446,45 @@ class DisarmableWatchdog:
         self._sidecar = None
         self._sidecar_watch = None
 
-    def _tell_sidecar(self, link: SidecarLink, entry: _Entry) -> None:
-        w = entry.watch
-        ended = w.status if w.closed else w.peek()
-        link.watch(
-            pid=w.pid,
-            name=w.name,
-            on_clean_exit=entry.on_clean_exit,
-            pgrp=w.pgrp,
-            ended=ended is not None,
-            returncode=ended.returncode if ended is not None else None,
-        )
-
     def _run(self) -> None:
+        try:
+            self._watch_until_disarmed()
+        except Exception as exc:
+            if not self._armed:
+                return  # closed under us by disarm()
+            self._watcher_failed(exc)
+
+    def _watch_until_disarmed(self) -> None:
         watch_set = self._set
         assert watch_set is not None
+        next_sample = (
+            time.monotonic() + self.rss_sample_interval
+            if self.rss_sample_interval is not None
+            else None
+        )
         while True:
+            due = [t for t in (Judge.next_due(self._pending()), next_sample) if t is not None]
+            timeout = max(0.0, min(due) - time.monotonic()) if due else None
             try:
-                ended = watch_set.wait(self.rss_sample_interval)
-            except Exception:  # closed under us by disarm()
-                return
+                ended = watch_set.wait(timeout)
+            except WatchClosedError:
+                if not self._armed:
+                    return
+                raise
             if not self._armed or os.getpid() != self._owner_pid:
                 return
-            if not ended and self.rss_sample_interval is not None:
-                for e in list(self._entries.values()):
-                    e.watch.sample_rss()
+            if next_sample is not None and time.monotonic() >= next_sample:
+                for r in list(self._records.values()):
+                    if r.watch is not None and r.status is None:
+                        r.watch.sample_rss()
+                next_sample = time.monotonic() + (self.rss_sample_interval or 0.0)
             for watch in ended:
                 watch_set.remove(watch)
                 if watch is self._sidecar_watch:
-                    self._sidecar_died(watch, watch_set)
+                    self._sidecar_died(watch)
+                    continue
+                record = self._records.get(id(watch))
+                if record is None:
                     continue
                 link = self._sidecar
                 if link is not None:
@@ -445,17 +492,43 @@ class DisarmableWatchdog:
                     # (this process may have reaped the helper first), so tell it.
                     link.status(watch.pid, watch.poll())
                 else:
-                    self._observe(watch)
+                    with self._judging:
+                        self._judge.judge(record, watch.poll())
+            if self._sidecar is None:
+                with self._judging:
+                    self._judge.expire(self._pending())
 
-    def _sidecar_died(self, watch: ProcessWatch, watch_set: WatchSet) -> None:
+    def _pending(self) -> list[Watched]:
+        return [r for r in list(self._records.values()) if r.deferred is not None]
+
+    def _watcher_failed(self, exc: BaseException) -> None:
+        """The watcher itself broke: never stay silently blind. Say so at ERROR and show it
+        in ``armed`` (False) and ``error``."""
+        self._error = exc
+        logger.error(
+            "%s: the watcher failed and stopped watching (%s: %s); this watchdog is disarmed "
+            "and will not fire. Arm a new one to watch again",
+            self.name,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        flush_logging(logger)
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._thread = None
+        try:
+            self.disarm(timeout=0, reason="watcher failed")
+        except Exception:
+            logger.debug("disarm after a watcher failure failed", exc_info=True)
+
+    def _sidecar_died(self, watch: ProcessWatch) -> None:
         """The sidecar is gone while armed: say so loudly and watch from this thread."""
         with self._lock:
             link = self._sidecar
             if not self._armed or link is None:
                 return
             self._sidecar = None
-            if stop_fd := _stopsignals.read_fd():
-                watch_set.add_fd(stop_fd, _stopsignals.drain)
             assert self._diagnoser is not None
             diagnosis = self._diagnoser.diagnose(watch, name="healthkit sidecar")
         logger.error(
@@ -466,55 +539,35 @@ class DisarmableWatchdog:
         )
         flush_logging(logger)
         link.close()
-        for e in list(self._entries.values()):
-            if e.watch.status is not None and not e.watch.closed:
-                self._observe(e.watch)  # ended while the sidecar was deciding
+        for r in list(self._records.values()):
+            if r.watch is not None and r.watch.status is not None and not r.watch.closed:
+                with self._judging:
+                    self._judge.judge(r, r.watch.status)  # ended while the sidecar decided
 
-    def _verdict(self, entry: _Entry, status: ExitStatus | None, *, armed: bool) -> Verdict:
-        return decide(
-            status,
-            armed=armed,
-            on_clean_exit=entry.on_clean_exit,
-            owner_stopping=_stopsignals.stop_seen() is not None,
-        )
+    def _brief(self, record: Watched, status: ExitStatus) -> Diagnosis:
+        diagnoser = self._diagnoser
+        assert diagnoser is not None and record.watch is not None
+        return early_exit_wording(diagnoser.diagnose(record.watch, evidence=False), record)
 
-    def _observe(self, watch: ProcessWatch) -> None:
-        entry = self._entries.get(id(watch))
-        if entry is None:
-            return
-        status = watch.poll()
-        verdict = self._verdict(entry, status, armed=self._armed)
-        if (
-            verdict in (Verdict.FIRE, Verdict.WARN)
-            and status is not None
-            and _in_our_group(watch)
-            and stop_like(status)
-            and _wait_for_stop(self.stop_grace)
-        ):
-            verdict = self._verdict(entry, status, armed=self._armed)
+    def _fire(self, record: Watched, status: ExitStatus, excused: Decision | None) -> None:
         with self._lock:
-            if verdict in (Verdict.IGNORE, Verdict.KEEP_WATCHING) or not self._armed:
-                return
-            diagnoser = self._diagnoser
-            assert diagnoser is not None
-            if verdict is Verdict.WARN:
-                diagnosis = diagnoser.diagnose(watch)
-                reason = (
-                    "its exit status is unknown, so this is not acted on"
-                    if diagnosis.exit_code is None
-                    else "although it was declared to run until disarmed"
-                )
-                logger.warning("%s: %s; %s", self.name, diagnosis, reason)
-                return
-            if self._fired is not None:
+            if self._fired is not None or not self._armed:
                 return  # only the first failure fires
+            diagnoser = self._diagnoser
+            watch = record.watch
+            assert diagnoser is not None and watch is not None
+
+            def wording(d: Diagnosis) -> Diagnosis:
+                d = early_exit_wording(d, record)
+                return survived_stop_wording(d, excused) if excused is not None else d
+
             # Act first, explain right after: the actions start on the brief diagnosis (no
             # file read); the evidence is read when an action first needs it.
-            brief = _early_exit_wording(diagnoser.diagnose(watch, evidence=False), entry)
+            brief = wording(diagnoser.diagnose(watch, evidence=False))
             self._fired = brief
 
         def explain() -> Diagnosis:
-            full = _early_exit_wording(diagnoser.diagnose(watch), entry)
+            full = wording(diagnoser.diagnose(watch))
             self._fired = full
             return full
 
@@ -535,38 +588,20 @@ class DisarmableWatchdog:
             self._actions_done.set()
 
 
-def _may_be_group_stop(watch: ProcessWatch) -> bool:
-    status = watch.status or watch.peek()
-    return status is not None and _in_our_group(watch) and stop_like(status)
-
-
-def _in_our_group(watch: ProcessWatch) -> bool:
-    """Whether ``watch``'s process receives this process's group signals (unknown: yes)."""
-    return watch.pgrp is None or watch.pgrp == os.getpgrp()
-
-
-def _wait_for_stop(grace: float) -> bool:
-    """Wait up to ``grace`` seconds for this process to be asked to stop; True if it was.
-
-    The stop pipe is written by the kernel-driven C signal handler the moment the signal is
-    delivered, normally before the helper's death is even seen; the grace covers a loaded
-    machine. Runs only for stop-like deaths of helpers in our own process group.
-    """
-    deadline = time.monotonic() + grace
-    fd = _stopsignals.read_fd()
-    with WatchSet() as waits:
-        if fd is not None:
-            waits.add_fd(fd, waits.wake)  # stop_seen() drains the pipe
-        while _stopsignals.stop_seen() is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            # Capped: a stop learned from a sidecar's message (a stop source) wakes nothing.
-            waits.wait(min(remaining, 0.05 if fd is not None else 0.01))
-    return True
-
-
-def _early_exit_wording(diagnosis: Diagnosis, entry: _Entry) -> Diagnosis:
-    if diagnosis.exit_code == 0 and entry.on_clean_exit != "ignore":
-        return returned_early(diagnosis)
-    return diagnosis
+def _check_actions(actions: object) -> list[Action]:
+    """Actions are callables taking one FailureEvent; refuse anything else now, not at the
+    first death (a watcher that finds out then has nothing left to run)."""
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Iterable):
+        raise InvalidArgumentTypeError(
+            f"actions must be a list of callables (see healthkit.actions), got {actions!r}",
+            "actions",
+        )
+    checked = list(actions)
+    for i, action in enumerate(checked):
+        if not callable(action):
+            raise InvalidArgumentTypeError(
+                f"actions[{i}] must be callable with one FailureEvent (see healthkit.actions),"
+                f" got {action!r} ({type(action).__name__})",
+                "actions",
+            )
+    return checked

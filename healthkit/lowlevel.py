@@ -6,23 +6,26 @@ environment-variable readers and ``/proc`` readers.
 """
 
 from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
-from healthkit._decide import OnCleanExit, Verdict, decide, stop_like
+from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
 from healthkit._errors import MAX_TIMEOUT_S, check_bound, check_timeout
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
-from healthkit._stopsignals import STOP_SIGNALS, note_stop
+from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
 
 __all__ = [
+    "Decision",
     "EnvValueWarning",
     "MAX_TIMEOUT_S",
     "OnCleanExit",
     "ProcStat",
     "STOP_SIGNALS",
+    "StopEpisode",
     "Verdict",
     "check_bound",
     "check_timeout",
     "children",
+    "current_episode",
     "decide",
     "descendants",
     "die_with_parent",

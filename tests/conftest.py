@@ -95,9 +95,9 @@ def _multiprocessing_heap() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _stop_signal_pipe() -> None:
-    """Take healthkit's stop-signal pipe once, up front: the first ``arm()`` of a process
-    creates it and it lives as long as the process (it backs ``signal.set_wakeup_fd``), so
-    created inside a test it would look like that test's leak."""
+    """Start healthkit's stop listener once, up front: the first ``arm()`` of a process
+    creates its socketpair (it backs ``signal.set_wakeup_fd``) and its thread, which live as
+    long as the process, so created inside a test they would look like that test's leak."""
     from healthkit import _stopsignals
 
     assert _stopsignals.install()

@@ -254,3 +254,35 @@ def reaped(pid: int) -> bool:
     except ChildProcessError:
         return True
     return False
+
+
+# ----------------------------------------------------------------------------- kernel log
+KMSG_FIXTURES = os.path.join(HERE, "fixtures", "kmsg")
+
+
+def kmsg_report(fixture: str, pid: int, *, comm: str | None = None,
+                usec: int | None = None) -> str:
+    """A kernel-log fixture's records about ``pid`` (named ``comm``, when given), stamped at
+    ``usec`` (default: now, on the kernel log's clock: microseconds since boot, which is
+    CLOCK_MONOTONIC on a machine that never suspended). The fixtures name pid 4242 (or 7777)
+    and the command python3."""
+    with open(os.path.join(KMSG_FIXTURES, fixture)) as f:
+        text = f.read()
+    for old in ("4242", "7777"):
+        text = text.replace(old, str(pid))
+    if comm is not None:
+        text = text.replace("(python3)", f"({comm})").replace("task=python3,", f"task={comm},")
+    stamp = time.monotonic_ns() // 1000 if usec is None else usec
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        if line and not line.startswith(" "):
+            pri, seq, _, rest = line.split(",", 3)
+            line = f"{pri},{seq},{stamp + i},{rest}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def comm_of(pid: int) -> str:
+    """The command name (``comm``) of a live or zombie process."""
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()

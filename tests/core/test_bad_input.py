@@ -292,6 +292,9 @@ def test_diagnose_rejects_impossible_return_codes() -> None:
     _raises(lambda: d.diagnose("1"), InvalidArgumentTypeError)  # type: ignore[arg-type]
     _raises(lambda: d.diagnose(1.5), InvalidArgumentTypeError)  # type: ignore[arg-type]
     _raises(lambda: d.diagnose(-9, pid=2**40), NoSuchProcessError)
+    _raises(lambda: d.diagnose(-9, pid=42, start_time="7"),  # type: ignore[arg-type]
+            InvalidArgumentTypeError, "start_time")
+    _raises(lambda: d.diagnose(-9, pid=42, start_time=-1), InvalidArgumentError, "start_time")
     assert d.diagnose(255).cause is Cause.ERROR_EXIT
     assert d.diagnose(-64).cause is Cause.UNKNOWN
 
@@ -312,6 +315,10 @@ def test_stack_dump_arguments_are_validated(tmp_path: Path) -> None:
         InvalidArgumentError,
         "signum",
     )
+    _raises(lambda: healthkit.dump_helper_stacks("123"), InvalidArgumentTypeError, "pids")
+    _raises(lambda: healthkit.dump_helper_stacks([0]), NoSuchProcessError, "pids")
+    _raises(lambda: healthkit.dump_helper_stacks([1], timeout=-1), InvalidTimeoutError,
+            "timeout")
 
 
 def test_arm_during_interpreter_shutdown_says_so() -> None:
@@ -431,6 +438,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["demo", "--hang-timeout", "inf"], "--hang-timeout must be a finite number"),
         (["demo", "--hang-timeout", "0"], "--hang-timeout must be > 0"),
         (["demo", "--hang-timeout", "3e6"], "longer than the OS can wait"),
+        (["stacks", "--timeout", "0"], "--timeout must be > 0"),
+        (["stacks", "abc"], "invalid int value"),
+        (["stacks", "0"], "PID must be a positive integer"),
+        (["stacks", "--", "-1"], "PID must be a positive integer"),
     ],
 )
 def test_cli_rejects_bad_numbers(args: list[str], message: str) -> None:

@@ -139,8 +139,11 @@ def test_doctor_on_fixture_trees(fixture_tree: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("code", "pattern"),
     [
-        ("-9", r"^worker \(pid 4242\) was killed by SIGKILL: possibly the OOM killer"),
-        ("137", r"^worker \(pid 4242\) exited with code 137, the shell convention 128\+9 for death "
+        ("-9", r"^worker was killed by SIGKILL: possibly the OOM killer, unconfirmed \(from the "
+               r"exit code alone: no evidence of this machine was read\)\. If nobody killed "
+               r"it by hand, suspect memory: .*`healthkit explain CODE --pid PID` looks for its "
+               r"kernel OOM record$"),
+        ("137", r"^worker exited with code 137, the shell convention 128\+9 for death "
                 r"by SIGKILL"),
         ("139", r"exited with code 139, the shell convention 128\+11 for death by SIGSEGV: a "
                 r"crash in native code"),
@@ -154,8 +157,23 @@ def test_doctor_on_fixture_trees(fixture_tree: Path, tmp_path: Path) -> None:
 )
 def test_explain_exit_codes_seen_in_logs(code: str, pattern: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", code, "--pid", "4242", "--name", "worker"]) == 0
-    assert re.search(pattern, capsys.readouterr().out.strip())
+    """A code copied from a log, maybe another machine's: nothing of this machine (its
+    cgroup, kernel log, /dev/shm) is added as evidence."""
+    assert main(["explain", code, "--name", "worker"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert re.search(pattern, out), out
+    assert "[" not in out and "cgroup" not in out and "/dev/shm:" not in out
+
+
+def test_explain_with_a_pid_reads_this_machines_evidence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The non-firing twin: with --pid the exit happened here, and this machine's
+    evidence is read (for SIGBUS, /dev/shm as it is now, labelled so)."""
+    assert main(["explain", "-7", "--pid", "4242", "--name", "worker"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("worker (pid 4242) was killed by SIGBUS: a bus error")
+    assert re.search(r"\[/dev/shm: \d+\.\d \w+ free of \d+\.\d \w+ now \(statvfs\)\]", out), out
 
 
 def test_explain_rejects_what_is_not_an_exit_code() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import PYTHON
+from helpers import PYTHON, kmsg_report
 
 from healthkit import Cause, Diagnosis, ExitDiagnoser, ExitStatus, ProcessWatch
 from healthkit._evidence import KernelLog, MemoryCgroup, find_memory_cgroup
@@ -93,6 +93,44 @@ def test_each_exit_code_maps_to_its_cause(
     for word in words:
         assert word in line, f"{word!r} not in {line!r}"
     assert hermetic.diagnose(rc).cause is cause  # a bare return code works too
+
+
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, used_kib: int) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (a /dev/shm of our own) with ``used_kib`` of it written, or skip."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        if used_kib:
+            (mnt / "segment").write_bytes(b"\1" * used_kib * 1024)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("used_kib", [1000, 0])
+def test_sigbus_says_whether_shared_memory_has_room_now(tmp_path: Path, used_kib: int) -> None:
+    """Nearly full: "most often /dev/shm exhausted", with how much is left. With room: it
+    says so and names the other causes, instead of a hint the evidence contradicts."""
+    with small_tmpfs(tmp_path, used_kib) as shm:
+        d = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=None, shm_path=str(shm)).diagnose(
+            -7, name="worker", pid=4242
+        )
+    assert d.cause is Cause.BUS_ERROR
+    if used_kib:
+        assert d.likely.startswith("a bus error, most often shared memory (/dev/shm) exhausted")
+        assert d.evidence == (f"{shm}: 24.0 KiB free of 1.0 MiB now (statvfs)",)
+        assert d.hint.startswith("Raise /dev/shm (docker --shm-size")
+    else:
+        assert d.likely.startswith(f"a bus error; {shm} has room now, so either it was full "
+                                   "only at that moment (freed since) or the cause is another")
+        assert "a memory-mapped file truncated under it" in d.likely
+        assert d.evidence == (f"{shm}: 1.0 MiB free of 1.0 MiB now (statvfs)",)
 
 
 def test_core_dump_is_named_in_the_evidence(hermetic: ExitDiagnoser) -> None:
@@ -193,14 +231,18 @@ def _set_counter(cg: MemoryCgroup, value: int) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    ("tree_name", "version", "before", "peak_words"),
+    ("tree_name", "version", "before", "name", "figures"),
     [
-        ("cgroup-v1", 1, 2, "cgroup memory peak 4.0 GiB of limit 4.0 GiB"),
-        ("cgroup-v2", 2, 1, "cgroup memory peak 8.0 GiB of limit 8.0 GiB"),
+        ("cgroup-v1", 1, 2, "/kubepods/burstable/pod8f2c/ctr-5e1a",
+         "limit 4.0 GiB; after its death the cgroup holds 2.0 MiB RSS and 874.0 MiB page "
+         "cache (memory.stat)"),
+        ("cgroup-v2", 2, 1, "/system.slice/train.service",
+         "limit 8.0 GiB, peak use 8.0 GiB (memory.peak, page cache included); after its "
+         "death the cgroup holds 1.5 GiB anon and 512.0 MiB page cache (memory.stat)"),
     ],
 )
 def test_a_rising_oom_kill_counter_confirms_exactly_one_sigkill(
-    fixture_tree: Path, tree_name: str, version: int, before: int, peak_words: str
+    fixture_tree: Path, tree_name: str, version: int, before: int, name: str, figures: str
 ) -> None:
     tree = fixture_tree / tree_name
     diagnoser = _diagnoser_on(tree)  # the baseline is read here, at construction
@@ -219,10 +261,12 @@ def test_a_rising_oom_kill_counter_confirms_exactly_one_sigkill(
         -9,
         signal.SIGKILL,
     )
-    assert f"cgroup v{version} {counter} oom_kill {before} -> {before + 1} during this run" in (
-        d.evidence
-    )
-    assert peak_words in d.evidence
+    # Every line says whose figures it gives: the cgroup's, by name, with its source file.
+    assert (
+        f"cgroup {name} (v{version}): oom_kill {before} -> {before + 1} during this run "
+        f"({counter})"
+    ) in d.evidence
+    assert f"cgroup {name} (v{version}): {figures}" in d.evidence
     line = str(d)
     assert "was killed by SIGKILL: the kernel's OOM killer (confirmed)" in line
     assert "raise the memory limit" in line and "fewer DataLoader/sampling workers" in line
@@ -265,8 +309,24 @@ def test_sigkill_without_any_evidence_says_what_was_missing(tmp_path: Path) -> N
 # --------------------------------------------------------------------------- OOM: kernel log
 
 
+def _now_usec() -> int:
+    return time.monotonic_ns() // 1000
+
+
+def _stamped(text: str, usec: int) -> str:
+    """Kernel-log records re-stamped at ``usec`` (their order kept)."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        if line and not line.startswith(" "):
+            pri, seq, _, rest = line.split(",", 3)
+            line = f"{pri},{seq},{usec + i},{rest}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def _append(path: Path, fixture: str, pid: int) -> None:
-    path.write_text(path.read_text() + (KMSG / fixture).read_text().replace("4242", str(pid)))
+    """Append a fixture's OOM report about ``pid``, logged now."""
+    path.write_text(path.read_text() + kmsg_report(fixture, pid))
 
 
 @pytest.mark.timeout(30)
@@ -285,6 +345,7 @@ def test_kernel_log_record_after_the_baseline_confirms_the_oom_kill(tmp_path: Pa
 
             _append(kmsg, "after-oom-kill-4242.txt", p.pid)
             d = diagnoser.diagnose(w)
+            diagnoser.close()
     finally:
         p.wait(30)
     assert d.cause is Cause.OOM_KILLED
@@ -293,6 +354,130 @@ def test_kernel_log_record_after_the_baseline_confirms_the_oom_kill(tmp_path: Pa
         "total-vm:528584kB, anon-rss:66560kB, file-rss:6616kB, shmem-rss:0kB, UID:0 "
         "pgtables:188kB oom_score_adj:0"
     )[:212]
+    # The kernel's own figures, each naming whose they are and where they come from.
+    assert d.evidence[1] == (
+        "its memory at the kill 71.5 MiB resident: 65.0 MiB anon, 6.5 MiB file, 0 B shmem "
+        "(kernel log)"
+    )
+    assert d.evidence[2] == (
+        "the limit hit: memory cgroup /kubepods/burstable/pod8f2c/ctr-5e1a at 64.0 MiB of "
+        "its 64.0 MiB limit, 63.8 MiB of it RSS (kernel log)"
+    )
+
+
+@pytest.mark.timeout(30)
+def test_an_oom_record_of_an_earlier_process_with_the_same_pid_never_confirms(
+    tmp_path: Path,
+) -> None:
+    """A recycled pid: the kernel log holds an OOM kill of this pid logged before this
+    process started (while the diagnoser ran: a long job). A SIGKILL sent by hand to the
+    new owner of the pid stays unconfirmed, and the evidence says why; the same record
+    stamped after the start confirms."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("6,1,0,-;Linux version 6\n")
+    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(kmsg))
+    p = subprocess.Popen(["sleep", "600"])
+    try:
+        with ProcessWatch(p, name="sampler") as w:
+            assert w.start_time is not None
+            started_usec = w.start_time * 1_000_000 // os.sysconf("SC_CLK_TCK")
+            text = (KMSG / "after-oom-kill-4242.txt").read_text().replace("4242", str(p.pid))
+            kmsg.write_text(kmsg.read_text() + _stamped(text, started_usec - 2_000_000))
+            w.kill()
+            w.wait(30)
+            d = diagnoser.diagnose(w)
+            assert d.cause is Cause.SIGKILL_UNCONFIRMED, str(d)
+            assert "(confirmed)" not in str(d)
+            assert any(
+                e.startswith(f"kernel log: an OOM kill of pid {p.pid} (python3) at ")
+                and "before this process started" in e
+                and "an earlier process with the same pid" in e
+                for e in d.evidence
+            ), d.evidence
+            # The twin: the same report logged after it started is its own.
+            kmsg.write_text(kmsg.read_text() + _stamped(text, started_usec + 50_000))
+            assert diagnoser.diagnose(w).cause is Cause.OOM_KILLED
+            # Without a start time (a bare exit code and pid), no record is taken as its.
+            bare = diagnoser.diagnose(-9, pid=p.pid)
+            assert bare.cause is Cause.SIGKILL_UNCONFIRMED
+            assert any("its start time is unknown here" in e for e in bare.evidence)
+    finally:
+        p.wait(30)
+        diagnoser.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_oom_record_naming_another_command_is_not_this_process(tmp_path: Path) -> None:
+    """While the dead process is a zombie its command name is known: a record stamped after
+    its start but naming another command (the pid was reused in between) does not count."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("6,1,0,-;Linux version 6\n")
+    diagnoser = ExitDiagnoser(cgroup_root=str(tmp_path), kmsg_path=str(kmsg))
+    p = subprocess.Popen(["sleep", "600"])  # comm "sleep"; the fixture names "python3"
+    try:
+        with ProcessWatch(p, name="sampler") as w:
+            w.kill()
+            w.wait(30)  # a zombie until p.wait(): /proc/<pid>/stat names it
+            _append(kmsg, "after-oom-kill-4242.txt", p.pid)
+            d = diagnoser.diagnose(w)
+            assert d.cause is Cause.SIGKILL_UNCONFIRMED, str(d)
+            assert any("but this process is 'sleep'" in e for e in d.evidence), d.evidence
+            renamed = (KMSG / "after-oom-kill-4242.txt").read_text().replace("python3", "sleep")
+            kmsg.write_text(
+                kmsg.read_text() + _stamped(renamed.replace("4242", str(p.pid)), _now_usec())
+            )
+            assert diagnoser.diagnose(w).cause is Cause.OOM_KILLED
+    finally:
+        p.wait(30)
+        diagnoser.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_kernel_report_of_a_real_v1_oom_kill_gives_whose_memory_it_was(
+    tmp_path: Path,
+) -> None:
+    """Records as this machine's kernel wrote them for a real cgroup v1 OOM kill (captured,
+    pid and cgroup renamed): the victim's RSS and the limited cgroup's RSS, page cache and
+    limit at the kill."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("6,1,0,-;Linux version 6\n")
+    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), cgroup_root=str(tmp_path),
+                              kmsg_path=str(kmsg))
+    p = subprocess.Popen(["sleep", "600"])
+    try:
+        with ProcessWatch(p, name="sampler") as w:
+            w.kill()
+            w.wait(30)
+            _append(kmsg, "oom-kill-cgroup-v1-full.txt", p.pid)
+            d = diagnoser.diagnose(w)
+    finally:
+        p.wait(30)
+        diagnoser.close()
+    assert d.cause is Cause.OOM_KILLED, str(d)
+    assert d.evidence[1:] == (
+        "its memory at the kill 74.2 MiB resident: 67.8 MiB anon, 6.5 MiB file, 0 B shmem "
+        "(kernel log)",
+        "the limit hit: memory cgroup /kubepods/burstable/pod8f2c/ctr-5e1a/sampler at 64.0 "
+        "MiB of its 64.0 MiB limit, 63.8 MiB of it RSS and 0 B page cache (kernel log)",
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_global_oom_says_no_cgroup_limit_was_hit(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("6,1,0,-;Linux version 6\n")
+    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), cgroup_root=str(tmp_path),
+                              kmsg_path=str(kmsg))
+    with sigkilled() as w:
+        text = (KMSG / "after-global-oom-kill-7777.txt").read_text().replace("7777", str(w.pid))
+        kmsg.write_text(kmsg.read_text() + _stamped(text, _now_usec()))
+        d = diagnoser.diagnose(w)
+    diagnoser.close()
+    assert d.cause is Cause.OOM_KILLED
+    assert "no cgroup limit was hit: the whole machine ran out of memory (kernel log, " \
+        "CONSTRAINT_NONE)" in d.evidence
+    assert "its memory at the kill 7.6 GiB resident: 7.6 GiB anon, 6.5 MiB file, 0 B shmem " \
+        "(kernel log)" in d.evidence
 
 
 @pytest.mark.timeout(30)
@@ -314,16 +499,23 @@ def test_kernel_log_confirmation_does_not_use_up_a_cgroup_count(fixture_tree: Pa
     _set_counter(diagnoser.cgroup, 3)
     with sigkilled("B") as b:
         db = diagnoser.diagnose(b)
+    diagnoser.close()
     assert db.cause is Cause.OOM_KILLED, str(db)
-    assert "cgroup v1 memory.oom_control oom_kill 2 -> 3 during this run" in db.evidence
+    assert (
+        "cgroup /kubepods/burstable/pod8f2c/ctr-5e1a (v1): oom_kill 2 -> 3 during this run "
+        "(memory.oom_control)"
+    ) in db.evidence
 
 
-def test_history_mode_explains_an_exit_from_before_it_was_built(fixture_tree: Path) -> None:
+def test_history_mode_shows_past_records_but_confirms_only_a_known_process(
+    fixture_tree: Path,
+) -> None:
     # `healthkit explain -9 --pid 4242`: the kill happened before the diagnoser existed.
     tree = fixture_tree / "cgroup-v1"
-    kmsg = fixture_tree / "kmsg" / "before.txt"  # holds an OOM kill of pid 4242
+    kmsg = fixture_tree / "kmsg" / "before.txt"  # holds an OOM kill of pid 4242 at 1472.5 s
     live = _diagnoser_on(tree, kmsg)
     assert live.diagnose(-9, pid=4242).cause is Cause.SIGKILL_UNCONFIRMED  # not this run
+    live.close()
 
     past = ExitDiagnoser(
         proc_root=str(tree / "proc"),
@@ -331,10 +523,25 @@ def test_history_mode_explains_an_exit_from_before_it_was_built(fixture_tree: Pa
         kmsg_path=str(kmsg),
         history=True,
     )
+    # A pid from a log names no process for sure (it may have been reused since): the
+    # record is shown, and confirms nothing.
     d = past.diagnose(-9, pid=4242, name="worker")
+    assert d.cause is Cause.SIGKILL_UNCONFIRMED
+    assert (
+        "kernel log: an OOM kill of pid 4242 (python3) at 1472.5 s after boot, not taken as "
+        "this process's: its start time is unknown here"
+    ) in d.evidence
+    # With the process's start time (ticks since boot) before the record, it is its kill.
+    ticks = os.sysconf("SC_CLK_TCK")
+    d = past.diagnose(-9, pid=4242, name="worker", start_time=1400 * ticks)
     assert d.cause is Cause.OOM_KILLED
     assert d.evidence[0].startswith("kernel log: Memory cgroup out of memory: Killed process 4242")
+    # Started after the record: an earlier process's kill.
+    assert past.diagnose(-9, pid=4242, start_time=1500 * ticks).cause is (
+        Cause.SIGKILL_UNCONFIRMED
+    )
     assert past.diagnose(-9, pid=4243).cause is Cause.SIGKILL_UNCONFIRMED
+    past.close()
 
     # Without a kernel record, the cgroup's lifetime count is shown but confirms nothing.
     blind = ExitDiagnoser(
@@ -346,8 +553,8 @@ def test_history_mode_explains_an_exit_from_before_it_was_built(fixture_tree: Pa
     d = blind.diagnose(-9, pid=4242)
     assert d.cause is Cause.SIGKILL_UNCONFIRMED
     assert (
-        "cgroup v1 memory.oom_control oom_kill 2 since the cgroup was created "
-        "(not necessarily this process)"
+        "cgroup /kubepods/burstable/pod8f2c/ctr-5e1a (v1): oom_kill 2 since the cgroup was "
+        "created (memory.oom_control; not necessarily this process)"
     ) in d.evidence
 
 
@@ -365,6 +572,26 @@ def test_default_diagnoser_reads_this_machines_cgroup() -> None:
     assert diagnoser.cgroup.version == (1 if has_v1_memory else 2)
     assert isinstance(diagnoser.cgroup.oom_kills(), int)
     assert diagnoser.diagnose(0).cause is Cause.CLEAN_EXIT
+
+
+@pytest.mark.timeout(30)
+def test_this_machines_cgroup_figures_are_labelled_or_left_out() -> None:
+    """On this machine's real cgroup: with no limit on it or its parents, its figures (a
+    container's lifetime peak, page cache included) are left out rather than read as the
+    helper's; with a limit, they are shown labelled as the cgroup's, with the limit."""
+    diagnoser = ExitDiagnoser(kmsg_path=None)
+    cg = diagnoser.cgroup
+    if cg is None:
+        pytest.skip("no memory cgroup with an oom_kill counter is readable here")
+    with sigkilled() as w:
+        d = diagnoser.diagnose(w)
+    limit = cg.effective_limit_bytes()
+    figures = [e for e in d.evidence if e.startswith(f"cgroup {cg.name} (v{cg.version}): limit")]
+    if limit is None:
+        assert figures == [], d.evidence
+    else:
+        assert len(figures) == 1 and "(memory.stat)" in figures[0], d.evidence
+    assert not any("peak" in e and "page cache" not in e for e in d.evidence), d.evidence
 
 
 def _child_memory_cgroup() -> MemoryCgroup:
@@ -424,11 +651,11 @@ def test_a_real_oom_kill_is_confirmed_by_the_kernel_log_and_the_cgroup_counter(
     if _in_nested_pid_namespace():
         pytest.skip("in a nested pid namespace the kernel log names pids from another one")
     cg = _child_memory_cgroup()
+    # Built before the run: kernel log only / cgroup counter only.
+    by_kmsg = ExitDiagnoser(proc_root=str(tmp_path), cgroup_root=str(tmp_path))
+    by_counter = ExitDiagnoser(cgroup=cg, kmsg_path=None)
     try:
-        # Built before the run: kernel log only / cgroup counter only.
-        by_kmsg = ExitDiagnoser(proc_root=str(tmp_path), cgroup_root=str(tmp_path))
         assert by_kmsg.cgroup is None and by_kmsg.kernel_log is not None
-        by_counter = ExitDiagnoser(cgroup=cg, kmsg_path=None)
         assert by_counter.cgroup == cg and cg.oom_kills() == 0
 
         code = (
@@ -468,9 +695,25 @@ def test_a_real_oom_kill_is_confirmed_by_the_kernel_log_and_the_cgroup_counter(
         assert "OOM killer (confirmed)" in str(d_kmsg)
 
         assert d_counter.cause is Cause.OOM_KILLED, str(d_counter)
-        assert "cgroup v1 memory.oom_control oom_kill 0 -> 1 during this run" in (
-            d_counter.evidence
-        )
-        assert "cgroup memory peak 64.0 MiB of limit 64.0 MiB" in d_counter.evidence
+        assert (
+            f"cgroup {cg.path} (v1): oom_kill 0 -> 1 during this run (memory.oom_control)"
+        ) in d_counter.evidence
+        # The cgroup's own figures: its limit, and what it holds after the kill (not a
+        # lifetime peak with page cache, which would read as the helper's).
+        assert any(
+            e.startswith(f"cgroup {cg.path} (v1): limit 64.0 MiB; after its death the "
+                         "cgroup holds ")
+            for e in d_counter.evidence
+        ), d_counter.evidence
+        # From the kernel's report: the helper's own RSS, and the limit it hit.
+        assert any(e.startswith("its memory at the kill ") for e in d_kmsg.evidence)
+        assert any(
+            e.startswith("the limit hit: memory cgroup /")
+            and f"/{os.path.basename(cg.path)} at 64.0 MiB of its 64.0 MiB limit, " in e
+            and e.endswith(" of it RSS and 0 B page cache (kernel log)")
+            for e in d_kmsg.evidence
+        ), d_kmsg.evidence
     finally:
         _remove_cgroup(cg.path)
+        for diagnoser in (by_kmsg, by_counter):
+            diagnoser.close()

@@ -1,6 +1,10 @@
-"""Stops are not failures: an owner stopped by a signal to its whole process group (torchrun's
-killpg(SIGTERM), a terminal's Ctrl-C) never fires, whatever its helpers die of; a helper
-stopped alone still fires. The suite runs every cell of the matrix a few times; the full
+"""Stops are not failures, and not a state either. An owner stopped by a signal to its whole
+process group (torchrun's killpg(SIGTERM), a terminal's Ctrl-C) never fires, whatever its
+helpers die of and however the owner lives through the stop (its main thread in an
+uninterruptible read, an asyncio loop holding the signal wakeup fd, two sidecars, a handler
+that stops a helper itself, helpers in their own sessions stopped one by one); a helper
+stopped alone still fires; and an owner that survives its stop reports a helper that dies
+during it once the stop's grace is over. The suite runs every cell a few times; the full
 counts (100 runs per cell) run from scripts/soak."""
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from stop_matrix import (
     MODES,
     START_METHODS,
     STOPS,
+    SURVIVED_GRACE,
     Cell,
+    owner_cells,
     run_cell,
     run_cells_together,
+    survived_cells,
 )
 
 SHORT = [c for c in CLEANUPS if c < 10]
@@ -56,3 +63,30 @@ def test_a_group_stop_during_a_ten_second_checkpoint_never_fires() -> None:
 def test_a_helper_stopped_alone_still_fires(start_method: str, mode: str) -> None:
     res = run_cell(Cell(mode, start_method, "helper-alone", 0.0), runs=RUNS, parallel=3)
     assert res.fired == RUNS and res.ok, res.failures
+
+
+@pytest.mark.timeout(600)
+def test_owners_that_live_through_a_stop_unusually_never_fire_and_their_twins_do() -> None:
+    """Each cell's runs and every cell at once: the owners mostly wait."""
+    cells = owner_cells()
+    results = run_cells_together(cells, runs=max(1, RUNS - 1), parallel=24)
+    broken = {r.cell.name(): r.failures for r in results if not r.ok}
+    assert not broken, broken
+    twins = [r for r in results if r.cell.stop == "helper-alone"]
+    assert twins and all(r.fired == r.runs for r in twins)
+    stops = [r for r in results if r.cell.stop != "helper-alone"]
+    assert len(stops) >= 10 and all(r.fired == 0 for r in stops)
+
+
+@pytest.mark.timeout(600)
+def test_an_owner_that_survives_its_stop_reports_a_helper_that_died_during_it() -> None:
+    """SIGINT, SIGHUP or SIGTERM to the owner alone, handled; then a helper exits 1 or 3, or
+    dies of SIGTERM or SIGKILL: every run fires. A stop-like death waits for the stop's grace
+    (never fires before it); SIGKILL fires at once."""
+    results = run_cells_together(survived_cells(), runs=max(1, RUNS - 1), parallel=24)
+    broken = {r.cell.name(): r.failures for r in results if not r.ok}
+    assert not broken, broken
+    assert all(r.fired == r.runs > 0 for r in results)
+    for r in results:
+        # Fired after the grace, and not long after it (a bound that proves "then", not speed).
+        assert all(late < SURVIVED_GRACE + 10 for late in r.late_s), (r.cell.name(), r.late_s)

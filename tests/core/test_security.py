@@ -354,10 +354,11 @@ def test_the_same_record_from_the_kernel_confirms(tmp_path: Path) -> None:
     kmsg.write_text("6,1,0,-;Linux version 6\n")
     diagnoser = ExitDiagnoser(cgroup_root=str(tmp_path), kmsg_path=str(kmsg))
     victim, watch = _sigkill_by_hand()
+    now = time.monotonic_ns() // 1000  # the kernel log's clock: after the victim started
     try:
         with kmsg.open("a") as f:
-            f.write(f"6,2,1,-;{REAL_SUMMARY.format(comm='python3', pid=victim.pid)}\n")
-            f.write(f"14,3,2,-;{REAL_KILL.format(comm='python3', pid=victim.pid + 1)}\n")
+            f.write(f"6,2,{now},-;{REAL_SUMMARY.format(comm='python3', pid=victim.pid)}\n")
+            f.write(f"14,3,{now + 1},-;{REAL_KILL.format(comm='python3', pid=victim.pid + 1)}\n")
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
         d = diagnoser.diagnose(watch)
@@ -556,3 +557,114 @@ def test_error_file_refuses_a_directory_owned_by_another_user(
         ErrorFileAction(str(target))(_event())
     assert not target.exists() and list(theirs.iterdir()) == []
     assert f"is owned by uid {NOBODY}" in caplog.text
+
+
+# ------------------------------------------- planted parent directories, FIFOs, hard links
+@pytest.fixture
+def root_only() -> Iterator[Path]:
+    """A directory only root may write to, with nothing in it (what a planted symlink aims
+    at: root writing there is the attack)."""
+    d = Path(tempfile.mkdtemp(prefix="healthkit-root-only-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_root
+@pytest.mark.parametrize("parent", ["sticky, planted", "open to all, swapped"])
+def test_error_file_never_follows_a_parent_directory_replaced_by_another_users_symlink(
+    shared_dir: Path, root_only: Path, parent: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The review's repro: TORCHELASTIC_ERROR_FILE under a directory another user replaced by
+    a symlink to a root-only directory (in a sticky /tmp with protected_symlinks off, or in a
+    0777 directory). Nothing is written through it."""
+    job = shared_dir / "job"
+    if parent == "open to all, swapped":
+        shared_dir.chmod(0o777)
+        job.mkdir()  # root's own directory, which nobody may rename away (no sticky bit)
+
+        def swap() -> None:
+            os.rename(job, shared_dir / "moved")
+            os.symlink(root_only, job)
+
+        as_nobody(swap)
+    else:
+        as_nobody(lambda: os.symlink(root_only, job))
+    with caplog.at_level(logging.WARNING, logger="healthkit"):
+        ErrorFileAction(str(job / "error.json"))(_event())
+    assert list(root_only.iterdir()) == []
+    assert f"{str(job)!r} is a symlink owned by uid {NOBODY}" in caplog.text
+    assert "not followed" in caplog.text
+
+
+@needs_root
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["the target", "a parent"])
+def test_error_file_never_opens_a_fifo_another_user_planted(
+    shared_dir: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO opened for writing blocks until someone reads it (and then feeds them the
+    diagnosis): it is refused without being opened, and the test's timeout would catch a
+    block."""
+    fifo = shared_dir / ("error.json" if where == "the target" else "job")
+    as_nobody(lambda: os.mkfifo(fifo, 0o666))
+    target = fifo if where == "the target" else fifo / "error.json"
+    with caplog.at_level(logging.WARNING, logger="healthkit"):
+        ErrorFileAction(str(target))(_event())
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    expected = ("exists and is not a regular file (a FIFO)" if where == "the target"
+                else f"{str(fifo)!r} is a FIFO, not a directory")
+    assert expected in caplog.text
+    assert _temps(shared_dir) == []
+
+
+@needs_root
+def test_error_file_replaces_a_planted_hard_link_and_never_writes_through_it(
+    shared_dir: Path, root_only: Path
+) -> None:
+    """Another user links a file of root's (one they may read and write, as
+    protected_hardlinks demands) under the error file's name: the write replaces the name,
+    the linked file keeps its content."""
+    root_only.chmod(0o711)
+    victim = root_only / "config"
+    victim.write_text("root's data")
+    victim.chmod(0o666)
+    target = shared_dir / "error.json"
+    as_nobody(lambda: os.link(victim, target))
+    assert target.stat().st_ino == victim.stat().st_ino
+    ErrorFileAction(str(target))(_event())
+    assert victim.read_text() == "root's data"
+    st = target.lstat()
+    assert st.st_ino != victim.stat().st_ino and st.st_nlink == 1 and st.st_uid == 0
+    _written(target)
+    assert _temps(shared_dir) == []
+
+
+@needs_root
+@pytest.mark.parametrize("planted", ["their directory", "their symlink"])
+def test_exception_records_are_not_written_where_another_user_planted_the_directory(
+    shared_dir: Path, root_only: Path, planted: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The per-user record directory is predictable (<tmp>/healthkit-<uid>): another user
+    may make it first. Records (tracebacks may hold secrets) then go nowhere, with a
+    warning, and the helper's own exception is what it raises, as always."""
+    from healthkit._records import write_record
+    from healthkit._userdir import RECORD_DIR_ENV
+
+    records = shared_dir / "healthkit-0"
+    if planted == "their directory":
+        as_nobody(lambda: records.mkdir(mode=0o777))
+    else:
+        as_nobody(lambda: os.symlink(root_only, records))
+    monkeypatch.setenv(RECORD_DIR_ENV, str(records))
+    try:
+        raise ValueError("token=secret")
+    except ValueError as e:
+        with caplog.at_level(logging.WARNING, logger="healthkit"):
+            assert write_record(e) is None
+    assert "was not written" in caplog.text and RECORD_DIR_ENV in caplog.text
+    assert list(root_only.iterdir()) == []
+    if planted == "their directory":
+        assert list(records.iterdir()) == []

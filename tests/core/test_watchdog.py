@@ -12,11 +12,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import comm_of, kmsg_report
 
 import healthkit as hk
-from healthkit.lowlevel import Verdict, decide
 
 OWNER = str(Path(__file__).parent.parent / "scripts" / "owner.py")
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -38,32 +39,6 @@ def _status(rc: int | None) -> hk.ExitStatus | None:
     return None if rc is None else hk.ExitStatus(rc, "fabricated")
 
 
-# --------------------------------------------------------------------------- decide()
-@pytest.mark.parametrize(
-    ("rc", "armed", "on_clean_exit", "verdict"),
-    [
-        (None, True, "fail", Verdict.KEEP_WATCHING),  # alive
-        (None, False, "fail", Verdict.KEEP_WATCHING),
-        (-9, True, "fail", Verdict.FIRE),  # abnormal while armed
-        (3, True, "ignore", Verdict.FIRE),
-        (-15, False, "fail", Verdict.IGNORE),  # teardown SIGTERM after disarm
-        (-9, False, "fail", Verdict.IGNORE),  # any exit after disarm
-        (0, False, "fail", Verdict.IGNORE),
-        (0, True, "ignore", Verdict.IGNORE),  # allowed to finish
-        (0, True, "fail", Verdict.FIRE),  # early clean exit, the default
-        (0, True, "warn", Verdict.WARN),  # early clean exit, lenient
-        (-9, True, "warn", Verdict.FIRE),  # the lenient rule is only about exit 0
-    ],
-)
-def test_decide_covers_every_branch(
-    rc: int | None, armed: bool, on_clean_exit: str, verdict: Verdict
-) -> None:
-    got = decide(
-        _status(rc),
-        armed=armed,
-        on_clean_exit=on_clean_exit,  # type: ignore[arg-type]
-    )
-    assert got is verdict
 
 
 # --------------------------------------------------------------------------- in-process
@@ -127,11 +102,12 @@ def test_actions_start_before_the_evidence_is_read_and_the_log_still_has_it(
     kmsg = tmp_path / "kmsg"
     kmsg.write_text((kmsg_dir / "before.txt").read_text())
     p = _start("fork", serve_forever, "sampler-server")
+    comm = comm_of(p.pid)
     seen: list[tuple[hk.Diagnosis, hk.Diagnosis | None]] = []
 
     def first(event: hk.actions.FailureEvent) -> None:
         seen.append((event.brief, wd.fired))
-        record = (kmsg_dir / "after-oom-kill-4242.txt").read_text().replace("4242", str(p.pid))
+        record = kmsg_report("after-oom-kill-4242.txt", p.pid, comm=comm)
         with open(kmsg, "a") as f:
             f.write(record)  # the kernel's record arrives only now
 
@@ -366,7 +342,7 @@ def test_forked_child_inherits_an_inert_watchdog() -> None:
 
 
 def test_bad_arguments_are_rejected_with_clear_errors() -> None:
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(hk.InvalidArgumentError, match="mode"):
         hk.DisarmableWatchdog(mode="poll")  # type: ignore[arg-type]
     with pytest.raises(hk.InvalidArgumentError, match="on_clean_exit"):
         hk.DisarmableWatchdog(on_clean_exit="maybe")  # type: ignore[arg-type]
@@ -378,6 +354,82 @@ def test_bad_arguments_are_rejected_with_clear_errors() -> None:
         hk.DisarmableWatchdog(kill_grace=-1)
     with pytest.raises(hk.ProcessNotStartedError):
         hk.DisarmableWatchdog([mp.get_context("fork").Process(target=serve_forever)])
+
+
+@pytest.mark.parametrize(
+    ("make", "argument"),
+    [
+        (lambda: hk.DisarmableWatchdog(mode="poll"), "mode"),  # type: ignore[arg-type]
+        (lambda: hk.DisarmableWatchdog(mode="sidecar", actions=[print]), "actions"),
+        (lambda: hk.DisarmableWatchdog(diagnoser="x"), "diagnoser"),  # type: ignore[arg-type]
+        (lambda: hk.DisarmableWatchdog(actions=[1]), "actions"),  # type: ignore[list-item]
+        (lambda: hk.DisarmableWatchdog(actions=print), "actions"),  # type: ignore[arg-type]
+        (lambda: hk.DisarmableWatchdog(actions="log"), "actions"),  # type: ignore[arg-type]
+        (lambda: hk.DisarmableWatchdog(stop_grace=-1), "stop_grace"),
+        (lambda: hk.actions.raise_in_main_thread(signal.SIGKILL), "signum"),
+        (lambda: hk.actions.raise_in_main_thread(signal.SIGSTOP), "signum"),
+        (lambda: hk.actions.raise_in_main_thread(signal.SIGTERM), "signum"),
+        (lambda: hk.actions.raise_in_main_thread(999), "signum"),
+        (lambda: hk.actions.raise_in_main_thread("SIGUSR1"), "signum"),  # type: ignore[arg-type]
+    ],
+)
+def test_every_argument_is_checked_at_construction_not_at_the_first_death(
+    make: Any, argument: str
+) -> None:
+    """A wrong diagnoser or action used to be accepted and kill the watcher thread at the first
+    death, leaving the owner unprotected; now the call that takes it refuses it."""
+    with pytest.raises(hk.InvalidArgumentError) as info:
+        make()
+    assert info.value.argument == argument
+    assert argument in str(info.value)
+
+
+def test_a_watcher_that_breaks_says_so_and_shows_it_is_no_longer_armed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any failure of the watcher itself ends in an ERROR line and ``armed`` False, never in
+    a watchdog that says it is armed and watches nothing. Broken for real: the watch set's
+    epoll fd is replaced under the watcher (``dup2`` of a pipe onto it, as a library that
+    reuses a "free" fd number would)."""
+    p = _start("fork", serve_forever)
+    recorder = Recorder()
+    wd = hk.DisarmableWatchdog([p], actions=[recorder]).arm()
+    try:
+        assert wd._set is not None
+        epoll_fd = wd._set.fileno()
+        with caplog.at_level(logging.ERROR, logger="healthkit"):
+            r, w = os.pipe()
+            os.dup2(r, epoll_fd)  # epoll_wait() on a pipe: EINVAL, the watcher's wait fails
+            os.close(r)
+            os.close(w)  # ...and the pipe is readable (EOF): nothing blocks
+            wd._set.wake()
+            deadline = time.monotonic() + 10
+            while wd.armed and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert not wd.armed
+        assert wd.error is not None
+        assert "the watcher failed and stopped watching" in caplog.text
+        # Its twin: a new watchdog on the same helper watches and fires as usual.
+        with hk.DisarmableWatchdog([p], actions=[recorder]):
+            p.kill()
+            assert recorder.fired.wait(10)
+    finally:
+        wd.disarm()
+        _stop(p)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_helper_that_healthkit_stop_ends_is_never_reported(mode: str) -> None:
+    """healthkit.stop() and the watchdog know each other: the SIGTERM and the SIGKILL of the
+    ladder are healthkit's own, not a failure (a SIGTERM handler stopping a helper that
+    ignores SIGTERM used to read "possibly the OOM killer"). Its twin fires: the same helper
+    SIGKILLed by someone else."""
+    proc, _ = run_owner("stop-with-healthkit", "--mode", mode)
+    assert proc.returncode == 0, proc.stderr
+    assert "SURVIVED" in proc.stdout
+    assert "ERROR" not in proc.stderr and "OOM" not in proc.stderr, proc.stderr
+    proc, _ = run_owner("kill-helper", "--mode", mode, timeout=60)
+    assert proc.returncode != 0 and "killed by SIGKILL" in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- whole processes

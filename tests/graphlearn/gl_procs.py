@@ -145,7 +145,7 @@ class Owner:
 def run_owner(workdir: Path, *args: str, timeout: float = 90.0, **kw: Any) -> tuple[int, str, str]:
     """Run a scenario that ends by itself; skip when GL is missing; fail on strays."""
     owner = Owner(workdir, *args, **kw)
-    if args[0] not in ("startup-death", "ready-timeout"):
+    if args[0] not in ("startup-death", "ready-timeout", "startup-exception"):
         owner.wait_ready(timeout)
     rc, out, err = owner.finish(timeout)
     if rc == SKIP_RC:

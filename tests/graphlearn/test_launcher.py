@@ -216,6 +216,19 @@ def test_a_server_dying_during_start_up_raises_a_typed_error_with_its_diagnosis(
     assert "Invalid argument:File not exist" in err  # GL's own reason, for the reader
 
 
+def test_a_server_raising_during_start_up_names_its_exception(tmp_path: Path) -> None:
+    """The server's entry point is wrapped in healthkit.record_exception by the launcher: a
+    Python exception it raises is the diagnosis, not "exited with code 1"."""
+    rc, out, err = run_owner(tmp_path, "startup-exception",
+                             env={"HEALTHKIT_RECORD_DIR": str(tmp_path / "records")})
+    assert rc == 0, err[-3000:]
+    res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RAISED "))[7:])
+    assert res["type"] == "SamplerServerStartupError"
+    assert (res["cause"], res["exception"]) == ("ERROR_EXIT", "ValueError: Invalid cluster schema")
+    assert "it raised ValueError: Invalid cluster schema at gl_owner.py:" in res["message"]
+    assert res["children"] == []
+
+
 def test_a_server_not_ready_in_time_is_stopped_and_raises(tmp_path: Path) -> None:
     rc, out, err = run_owner(tmp_path, "ready-timeout")
     assert rc == 0, err[-3000:]

@@ -39,6 +39,11 @@ def parent_of_a_stuck_grandchild(pid_out: Any) -> None:
     grandchild.wait()
 
 
+def exit_3_in_own_group() -> None:
+    os.setpgrp()  # a helper in another process group: a group signal cannot reach it
+    exit_3()
+
+
 def survive(seconds: float = 2.0) -> None:
     time.sleep(seconds)
     print("SURVIVED", flush=True)
@@ -56,6 +61,12 @@ TABLE = {
     "sigkill-joined": (serve_forever, "ignore", "kill-join"),
     "sigchld-ignored-allowed-exit0": (return_early, "ignore", "sigchld-ignored"),
     "sigchld-ignored-until-exit0": (return_early, "fail", "sigchld-ignored"),
+    # Stop episodes: the owner is asked to stop, handles it and carries on.
+    "survived-sigint-then-exit3": (exit_3, "ignore", "handled-sigint"),
+    "survived-sighup-then-exit3": (exit_3, "ignore", "handled-sighup"),
+    "other-group-during-stop-exit3": (exit_3_in_own_group, "ignore", "handled-sigint"),
+    "stop-long-ago-then-exit3": (exit_3, "ignore", "sighup-long-ago"),
+    "exit-within-stop-grace": (exit_3, "ignore", "handled-sigint-then-exit"),
 }
 
 
@@ -69,6 +80,7 @@ def main() -> None:
     ap.add_argument("--gil-held-sleep", type=float, default=0.0)
     ap.add_argument("--policy", default="fail")
     ap.add_argument("--sigterm-exits", action="store_true")
+    ap.add_argument("--stop-grace", type=float, default=30.0)
     args = ap.parse_args()
 
     if args.sigterm_exits:
@@ -131,6 +143,12 @@ def main() -> None:
         time.sleep(10)
         print("NOT REACHED", flush=True)
         return
+    if args.scenario == "stop-with-healthkit":
+        # A helper that ignores SIGTERM, ended by healthkit.stop(): SIGTERM, then SIGKILL.
+        os.kill(helpers[0].pid, signal.SIGSTOP)  # stopped: it cannot even run a handler
+        hk.stop([helpers[0]], term_timeout=0.3, kill_timeout=5)
+        survive(1.0)
+        return
     if args.scenario == "clean-exit":
         time.sleep(0.05)
         return
@@ -171,14 +189,33 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
     target, on_clean_exit, action = TABLE[args.scenario]
     if action == "sigchld-ignored":
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children at once
+    if action.startswith("handled-"):
+        signal.signal(signal.SIGINT, lambda *_: print("HANDLED", flush=True))
+    signal.signal(signal.SIGHUP, lambda *_: print("HANDLED", flush=True))  # a log reopen
+    if action == "sighup-long-ago":
+        hk.DisarmableWatchdog().arm().disarm()  # healthkit notices stop signals from here on
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(args.stop_grace + 0.5)  # the episode is over before the helper starts
     helper = ctx.Process(target=target, name="helper-0", daemon=True)  # type: ignore[attr-defined]
     helper.start()
     if action == "join-before-watch":
         helper.join()
-    wd = hk.DisarmableWatchdog(mode=args.mode)
+    wd = hk.DisarmableWatchdog(mode=args.mode, stop_grace=args.stop_grace)
     wd.watch(helper, on_clean_exit=on_clean_exit)
     wd.arm()
     print("READY", helper.pid, wd.sidecar_pid or 0, flush=True)
+    if action in ("handled-sigint", "handled-sighup", "handled-sigint-then-exit"):
+        # This process alone is asked to stop (a notebook's interrupt, a log reopen), and
+        # carries on; its helper fails right after (exit_3 sleeps 0.3 s first).
+        os.kill(os.getpid(), signal.SIGINT if "sigint" in action else signal.SIGHUP)
+        if action == "handled-sigint-then-exit":
+            helper.join()
+            time.sleep(0.3)  # the death is seen, and excused: this process is stopping
+            print("SURVIVED", flush=True)  # ...and it does end within the grace (armed: the
+            return  # exit hook judges the death again, knowing this process is exiting)
+        survive(args.stop_grace + 3.0)
+        wd.disarm()
+        return
     if action == "join":
         helper.join()  # the owner reaps first, routinely
     elif action == "kill-join":

@@ -1,11 +1,19 @@
-"""The group-stop matrix: owners of watched helpers stopped by a signal to their whole process
-group (torchrun's ``killpg(SIGTERM)``, a terminal's Ctrl-C), and the twin where only one
-helper is stopped. Used by the test suite (a few runs per cell) and by ``scripts/soak``
-(the full counts).
+"""The stop matrix: owners of watched helpers stopped the way launchers stop jobs, the owners
+that survive a stop, and the twins in which only a helper is stopped. Used by the test suite
+(a few runs per cell) and by ``scripts/soak`` (the full counts).
 
 Each run starts ``stop_owner.py`` in its own session (as torchrun starts a worker), waits for
-it to arm, signals the group (or one helper) and reads how it ended. Runs of a cell go in
-parallel batches: most of a run is waiting.
+it to arm, stops it and reads how it ended. A cell says how:
+
+- ``how="group"``: the stop signal to the owner's whole process group (torchrun's
+  ``killpg(SIGTERM)``, a terminal's Ctrl-C): must never fire;
+- ``how="owner-then-each"``: the stop signal to the owner, then to each helper in turn (they
+  are in their own sessions), as systemd stops a unit: must never fire;
+- ``stop="helper-alone"``: SIGTERM to one helper only, the owner untouched: must fire;
+- ``how="owner-alone"``: the stop signal to the owner only, which handles it and carries on;
+  then a helper dies (``death``): must fire, once the stop's grace is over.
+
+Runs go in parallel batches: most of a run is waiting.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from linereader import LineReader
+
 import healthkit as hk
 
 OWNER = str(Path(__file__).with_name("stop_owner.py"))
@@ -28,17 +40,42 @@ START_METHODS = ("fork", "spawn", "forkserver")
 MODES = ("thread", "sidecar")
 STOPS = ("term", "int")
 CLEANUPS = (0.0, 0.2, 10.0)
+SIGNALS = {"term": signal.SIGTERM, "int": signal.SIGINT, "hup": signal.SIGHUP}
+# Owners that live through a stop in some unusual way (stop_owner.py --owner).
+OWNERS = (
+    "uninterruptible",
+    "asyncio-after-arm",
+    "asyncio-before-arm",
+    "asyncio-finished",
+    "two-sidecars",
+    "handler-stops-helper",
+    "own-session",
+)
+DEATHS = ("exit1", "exit3", "sigterm", "sigkill")
+SURVIVED_GRACE = 2.0  # --stop-grace of the owners that survive their stop
 
 
 @dataclass
 class Cell:
     mode: str
     start_method: str
-    stop: str  # "term" (group SIGTERM, handler) | "int" (group SIGINT) | "helper-alone"
+    stop: str  # "term" | "int" | "hup" (the stop signal) | "helper-alone"
     cleanup: float
+    owner: str = "plain"
+    how: str = "group"  # "group" | "owner-then-each" | "owner-alone"
+    death: str = ""  # owner-alone: how a helper then ends (exit1, exit3, sigterm, sigkill)
 
     def name(self) -> str:
-        return f"{self.stop}/{self.start_method}/cleanup={self.cleanup:g}s/{self.mode}"
+        parts = [self.stop, self.start_method, f"cleanup={self.cleanup:g}s", self.mode]
+        if self.owner != "plain":
+            parts.insert(0, self.owner)
+        if self.how != "group" and self.stop != "helper-alone":
+            parts.insert(0, self.how + (f":{self.death}" if self.death else ""))
+        return "/".join(parts)
+
+    @property
+    def expect_fire(self) -> bool:
+        return self.stop == "helper-alone" or self.how == "owner-alone"
 
 
 @dataclass
@@ -49,10 +86,12 @@ class CellResult:
     not_fired: int = 0
     failures: list[str] = field(default_factory=list)  # runs that broke the expectation
     seconds: float = 0.0
+    # owner-alone: seconds from the end of the stop's grace to the firing (error file written)
+    late_s: list[float] = field(default_factory=list)
 
     @property
     def expect_fire(self) -> bool:
-        return self.cell.stop == "helper-alone"
+        return self.cell.expect_fire
 
     @property
     def ok(self) -> bool:
@@ -64,57 +103,98 @@ class _Run:
         self.cell = cell
         self.error_file = os.path.join(workdir, f"error-{index}.json")
         stop = "term" if cell.stop == "helper-alone" else cell.stop
+        args = [
+            sys.executable, OWNER, "--mode", cell.mode, "--start-method", cell.start_method,
+            "--stop", stop, "--cleanup", str(cell.cleanup), "--owner", cell.owner,
+        ]  # fmt: skip
+        if cell.how == "owner-alone":
+            args += ["--survive", "--stop-grace", str(SURVIVED_GRACE)]
+            if cell.death in ("exit1", "exit3"):
+                args += ["--helper-death", cell.death]
         self.proc = subprocess.Popen(
-            [
-                sys.executable, OWNER, "--mode", cell.mode, "--start-method",
-                cell.start_method, "--stop", stop, "--cleanup", str(cell.cleanup),
-            ],
+            args,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,  # as torchrun starts each worker
             env={**os.environ, "TORCHELASTIC_ERROR_FILE": self.error_file},
-        )  # fmt: skip
+        )
+        assert self.proc.stdout is not None
+        self.out = LineReader(self.proc.stdout)
         self.pids: list[int] = []
+        self.grace_ends: float | None = None
 
     def wait_ready(self, timeout: float = 120) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                return
-            if line.startswith("READY"):
-                self.pids = [int(x) for x in line.split()[1:] if x != "0"]
-                return
+        found = self.out.until(r"^READY ", timeout)
+        if found is not None:
+            line = found.string.split()
+            self.pids = [int(x) for x in line[1 : 1 + self._helpers()]]
+
+    def _helpers(self) -> int:
+        return 2
 
     def stop(self) -> None:
         if not self.pids:
             return
-        if self.cell.stop == "helper-alone":
-            os.kill(self.pids[0], signal.SIGTERM)  # only that helper: someone stopped it
-        else:
-            sig = signal.SIGTERM if self.cell.stop == "term" else signal.SIGINT
+        cell = self.cell
+        if cell.stop == "helper-alone":
+            # Only that helper: someone stopped it. (The helper that ignores SIGTERM is
+            # killed the way the OOM killer would: a kill that healthkit.stop() did not make.)
+            sig = signal.SIGKILL if cell.owner == "handler-stops-helper" else signal.SIGTERM
+            os.kill(self.pids[0], sig)
+            return
+        sig = SIGNALS[cell.stop]
+        if cell.how == "group":
             os.killpg(self.proc.pid, sig)  # the owner leads its own group
+        elif cell.how == "owner-then-each":
+            os.kill(self.proc.pid, sig)
+            for pid in self.pids:
+                time.sleep(0.01)
+                os.kill(pid, signal.SIGTERM)
+        elif cell.how == "owner-alone":
+            stopped = time.time()  # wall clock: compared with the error file's mtime
+            os.kill(self.proc.pid, sig)
+            if self.out.until(r"^HANDLED", 30) is None:
+                return
+            self.grace_ends = stopped + SURVIVED_GRACE
+            death = {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}.get(
+                cell.death, signal.SIGUSR1
+            )
+            os.kill(self.pids[0], death)
 
-    def finish(self, timeout: float) -> tuple[bool, str]:
-        """(fired, description) once the owner has ended; strays are killed by pidfd."""
+    def finish(self, timeout: float) -> tuple[bool, str, float | None]:
+        """(fired, description, seconds after the grace) once the owner has ended; strays are
+        killed by pidfd."""
         try:
-            _out, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _out, err = self.proc.communicate()
+            self.proc.wait()
             _end(self.pids)
-            return False, f"owner did not end within {timeout:.0f}s; stderr: {err[-500:]}"
-        stray = _end(self.pids)
+            self._close()
+            return False, f"owner did not end within {timeout:.0f}s", None
+        stray = _end(self.pids)  # first: a helper still running holds the owner's stderr open
+        err = self._close()
         fired = os.path.exists(self.error_file)
         rc = self.proc.returncode
         desc = f"rc={rc} error_file={fired} strays={stray} stderr={err.strip()[-400:]!r}"
         if fired or rc != 0:
             fired = True
+        late = None
+        if self.grace_ends is not None and fired and os.path.exists(self.error_file):
+            late = os.stat(self.error_file).st_mtime - self.grace_ends  # written as it fired
         if stray:
-            return fired, "helpers left running: " + desc
-        return fired, desc
+            return fired, "helpers left running: " + desc, late
+        return fired, desc, late
+
+    def _close(self) -> str:
+        """The owner's stderr (read with a deadline: a stray grandchild may hold it open)."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.stdout.close()
+        err = LineReader(self.proc.stderr)
+        err.until(r"(?!)", 5)  # everything until EOF, or 5 s
+        self.proc.stderr.close()
+        return "\n".join(err.lines)
 
 
 def _end(pids: Iterable[int]) -> list[int]:
@@ -124,64 +204,59 @@ def _end(pids: Iterable[int]) -> list[int]:
     return [*report.terminated, *report.killed, *report.survivors]
 
 
+def _settle(cell: Cell) -> float:
+    """How long to let a ready owner settle before stopping it: every watcher blocked in its
+    wait; the uninterruptible owner inside its wait."""
+    return 0.5 if cell.owner == "uninterruptible" else 0.05
+
+
+def _record(res: CellResult, run: _Run) -> None:
+    fired, desc, late = run.finish(timeout=res.cell.cleanup + 60)
+    res.runs += 1
+    res.fired += fired
+    res.not_fired += not fired
+    if late is not None and fired:
+        res.late_s.append(round(late, 3))
+    broke = fired != res.expect_fire or "left running" in desc
+    if not run.pids:
+        broke, desc = True, "owner never reported READY: " + desc
+    deferred = res.cell.death in ("exit1", "exit3", "sigterm")  # stop-like: excused at first
+    # File times come from the kernel's coarse clock (a tick behind at most): 20 ms of slack.
+    if res.cell.how == "owner-alone" and deferred and fired and late is not None and late < -0.02:
+        broke, desc = True, f"fired {-late:.2f}s before the stop's grace ended: " + desc
+    if broke:
+        res.failures.append(desc)
+
+
 def run_cell(cell: Cell, runs: int, *, parallel: int = 4) -> CellResult:
-    result = CellResult(cell)
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hk-stop-") as workdir:
-        index = 0
-        while index < runs:
-            batch = [_Run(cell, workdir, index + i) for i in range(min(parallel, runs - index))]
-            index += len(batch)
-            for r in batch:
-                r.wait_ready()
-            time.sleep(0.05)  # let every watcher block in its wait
-            for r in batch:
-                r.stop()
-            for r in batch:
-                fired, desc = r.finish(timeout=cell.cleanup + 60)
-                result.runs += 1
-                if fired:
-                    result.fired += 1
-                else:
-                    result.not_fired += 1
-                broke = fired != result.expect_fire or "left running" in desc
-                if not r.pids:
-                    broke, desc = True, "owner never reported READY: " + desc
-                if broke:
-                    result.failures.append(desc)
-    result.seconds = time.monotonic() - t0
-    return result
+    return run_cells_together([cell], runs, parallel=parallel)[0]
 
 
-def run_cells_together(cells: list[Cell], runs: int) -> list[CellResult]:
-    """Every run of every cell in one parallel batch (for the long-cleanup cells, where
-    each run is mostly waiting)."""
+def run_cells_together(cells: list[Cell], runs: int, *, parallel: int = 64) -> list[CellResult]:
+    """Every run of every cell, ``parallel`` owners at a time (each run is mostly waiting)."""
     results = [CellResult(c) for c in cells]
+    todo = [(res, k) for res in results for k in range(runs)]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hk-stop-") as workdir:
-        batch = [
-            (res, _Run(res.cell, workdir, i * runs + k))
-            for i, res in enumerate(results)
-            for k in range(runs)
-        ]
-        for _, r in batch:
-            r.wait_ready()
-        time.sleep(0.05)
-        for _, r in batch:
-            r.stop()
-        for res, r in batch:
-            fired, desc = r.finish(timeout=res.cell.cleanup + 60)
-            res.runs += 1
-            res.fired += fired
-            res.not_fired += not fired
-            if fired != res.expect_fire or "left running" in desc or not r.pids:
-                res.failures.append(desc)
+        for start in range(0, len(todo), parallel):
+            batch = [
+                (res, _Run(res.cell, workdir, start + i))
+                for i, (res, _) in enumerate(todo[start : start + parallel])
+            ]
+            for _, r in batch:
+                r.wait_ready()
+            time.sleep(max(_settle(r.cell) for _, r in batch))
+            for _, r in batch:
+                r.stop()
+            for res, r in batch:
+                _record(res, r)
     for res in results:
         res.seconds = time.monotonic() - t0
     return results
 
 
-def all_cells() -> list[Cell]:
+def group_cells() -> list[Cell]:
+    """The original matrix: plain owners, every start method, every cleanup."""
     cells = [
         Cell(mode, sm, stop, cleanup)
         for stop in STOPS
@@ -193,11 +268,40 @@ def all_cells() -> list[Cell]:
     return cells
 
 
+def owner_cells() -> list[Cell]:
+    """Owners that live through a group stop in unusual ways, and each one's twin in which
+    only a helper is stopped."""
+    cells = []
+    for owner in OWNERS:
+        modes = ("sidecar",) if owner == "two-sidecars" else MODES
+        stops = ("term",) if owner in ("handler-stops-helper", "own-session") else STOPS
+        how = "owner-then-each" if owner == "own-session" else "group"
+        for mode in modes:
+            cells += [Cell(mode, "fork", stop, 0.2, owner, how) for stop in stops]
+            cells.append(Cell(mode, "fork", "helper-alone", 0.0, owner))
+    return cells
+
+
+def survived_cells() -> list[Cell]:
+    """The owner alone is stopped and carries on; then a helper dies, every way."""
+    return [
+        Cell(mode, "fork", stop, 0.0, "plain", "owner-alone", death)
+        for stop in ("int", "hup", "term")
+        for death in DEATHS
+        for mode in MODES
+    ]
+
+
+def all_cells() -> list[Cell]:
+    return group_cells() + owner_cells() + survived_cells()
+
+
 def _print(res: CellResult) -> None:
     verdict = "ok" if res.ok else f"BROKEN ({len(res.failures)})"
+    late = f" late(max)={max(res.late_s):.2f}s" if res.late_s else ""
     print(
-        f"{res.cell.name():45s} runs={res.runs:4d} fired={res.fired:4d} "
-        f"{res.seconds:6.1f}s {verdict}",
+        f"{res.cell.name():60s} runs={res.runs:4d} fired={res.fired:4d} "
+        f"{res.seconds:6.1f}s {verdict}{late}",
         flush=True,
     )
 
@@ -208,22 +312,21 @@ def main(argv: list[str]) -> int:
     runs, long_runs, out = int(argv[0]), int(argv[1]), argv[2]
     results = []
     cells = all_cells()
-    long_cells = [c for c in cells if c.cleanup >= 10]
     for cell in cells:
         if cell.cleanup >= 10:
             continue
         results.append(run_cell(cell, runs, parallel=4))
         _print(results[-1])
+    long_cells = [c for c in cells if c.cleanup >= 10]
     for stop in STOPS:  # the 10 s cells: each stop's six cells together, LONG_RUNS each
         group = [c for c in long_cells if c.stop == stop]
         for res in run_cells_together(group, long_runs):
             results.append(res)
             _print(res)
     Path(out).write_text(
-
         json.dumps(
             [{**asdict(r.cell), "runs": r.runs, "fired": r.fired, "failures": r.failures,
-              "seconds": round(r.seconds, 1)} for r in results],
+              "late_s": r.late_s, "seconds": round(r.seconds, 1)} for r in results],
             indent=1,
         )
     )  # fmt: skip

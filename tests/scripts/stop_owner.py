@@ -5,24 +5,69 @@ Prints "READY <helper pids> <sidecar pid or 0>" once armed, then waits to be sto
 - ``--stop term``: a SIGTERM handler (as training scripts install to checkpoint on
   preemption) runs ``--cleanup`` seconds of cleanup, then exits 0;
 - ``--stop int``: the default SIGINT handler raises KeyboardInterrupt in the main thread,
-  which cleans up for ``--cleanup`` seconds, then exits 0.
+  which cleans up for ``--cleanup`` seconds, then exits 0;
+- ``--stop hup``: a SIGHUP handler, as ``term``.
 
-A watchdog that fires ends it with exit code 1 (thread mode) or SIGTERM (sidecar) and
+With ``--survive`` the owner handles the signal and carries on instead (a notebook's
+interrupt, a training loop that catches KeyboardInterrupt to save and continue, a SIGHUP log
+reopen): it prints "HANDLED" and keeps running, and its helpers stay its responsibility.
+
+``--owner`` picks how the owner lives while it is stopped:
+
+- ``plain``: the main thread sleeps;
+- ``uninterruptible``: the main thread sits in a killable-only wait (a ``vfork`` whose child
+  sleeps in C for ``--blocked`` seconds), as in a read from a slow NFS/FUSE file: a signal to
+  the process stays pending until it returns;
+- ``asyncio-after-arm``: arms, then runs an asyncio loop that installs its SIGTERM/SIGINT
+  handlers with ``loop.add_signal_handler`` (which takes the signal wakeup fd);
+- ``asyncio-before-arm``: the loop runs and has installed its handlers before ``arm()``;
+- ``asyncio-finished``: an earlier ``asyncio.run()`` used ``add_signal_handler`` and has
+  ended (it set the wakeup fd back to -1), then plain handlers;
+- ``two-sidecars``: two ``mode="sidecar"`` watchdogs, one helper each;
+- ``handler-stops-helper``: the SIGTERM handler stops a helper that ignores SIGTERM with
+  ``healthkit.stop()`` (SIGKILL after 0.3 s) before exiting;
+- ``own-session``: the helpers start their own sessions (the test then stops each process in
+  turn, owner first, as systemd does).
+
+A helper ends on SIGUSR1 the way ``--helper-death`` says (``exit1``: an uncaught exception,
+``exit3``: ``sys.exit(3)``), so a test can make it fail with an exit code.
+
+A watchdog that fires ends the owner with exit code 1 (thread mode) or SIGTERM (sidecar) and
 writes $TORCHELASTIC_ERROR_FILE; a healthy stop exits 0 and writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import ctypes
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
 
 import healthkit as hk
 
+STOP_SIGNALS = {"term": signal.SIGTERM, "int": signal.SIGINT, "hup": signal.SIGHUP}
 
-def serve_forever() -> None:
+
+def helper(death: str, own_session: bool, ignore_term: bool) -> None:
+    if own_session:
+        os.setsid()
+    # A forked helper inherits the owner's handlers; a helper's own disposition is the default
+    # (one that survives its stop as the owner does would outlive every teardown).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def fail(signum: int, frame: object) -> None:
+        if death == "exit1":
+            raise ValueError("bad shard 7")  # multiprocessing prints it and exits 1
+        sys.exit(3)
+
+    signal.signal(signal.SIGUSR1, fail)
     time.sleep(600)
 
 
@@ -32,36 +77,139 @@ def cleanup(seconds: float) -> None:
         time.sleep(0.01)
 
 
+def block_uninterruptibly(seconds: float) -> None:
+    """Sit in a wait only SIGKILL can break, the way a read from a slow network file does:
+    ``clone(CLONE_VM | CLONE_VFORK)`` of a child that runs libc ``sleep()`` on its own stack
+    (no Python in it). This thread waits for the child killable-only, with no signal blocked,
+    so the kernel queues a signal sent to the process on it and leaves it pending; ctypes
+    releases the GIL meanwhile, as a file read does."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    stack = ctypes.create_string_buffer(256 * 1024)
+    top = ctypes.c_void_p(ctypes.addressof(stack) + len(stack) - 64)
+    clone_vm, clone_vfork = 0x100, 0x4000
+    libc.clone.restype = ctypes.c_int
+    libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    sleep_fn = ctypes.cast(libc.sleep, ctypes.c_void_p)
+    pid = libc.clone(sleep_fn, top, clone_vm | clone_vfork | signal.SIGCHLD, int(seconds))
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "clone")
+    os.waitpid(pid, 0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="thread")
     ap.add_argument("--start-method", default="fork")
-    ap.add_argument("--stop", choices=["term", "int"], default="term")
+    ap.add_argument("--stop", choices=list(STOP_SIGNALS), default="term")
     ap.add_argument("--cleanup", type=float, default=0.0)
     ap.add_argument("--helpers", type=int, default=2)
+    ap.add_argument("--owner", default="plain")
+    ap.add_argument("--survive", action="store_true")
+    ap.add_argument("--stop-grace", type=float, default=30.0)
+    ap.add_argument("--helper-death", choices=["exit1", "exit3"], default="exit3")
+    ap.add_argument("--blocked", type=int, default=3)
     args = ap.parse_args()
+    stop_signal = STOP_SIGNALS[args.stop]
+    asyncio_owner = args.owner.startswith("asyncio-") and args.owner != "asyncio-finished"
+    # exits the process (or returns, to carry on), from any of the handlers below
+    state = {"helpers": [], "stopping": False}
 
-    if args.stop == "term":
-
-        def on_term(signum: int, frame: object) -> None:
-            cleanup(args.cleanup)
-            sys.exit(0)
-
-        signal.signal(signal.SIGTERM, on_term)
-    ctx = mp.get_context(args.start_method)
-    helpers = [
-        ctx.Process(target=serve_forever, name=f"helper-{i}", daemon=True)
-        for i in range(args.helpers)
-    ]
-    for p in helpers:
-        p.start()
-    wd = hk.DisarmableWatchdog(helpers, mode=args.mode).arm()
-    print("READY", " ".join(str(p.pid) for p in helpers), wd.sidecar_pid or 0, flush=True)
-    try:
-        time.sleep(120)
-    except KeyboardInterrupt:
+    def on_stop(signum: int = int(stop_signal), frame: object = None) -> None:
+        if args.survive:
+            print("HANDLED", flush=True)
+            return
+        if args.owner == "handler-stops-helper":
+            hk.stop(state["helpers"][:1], term_timeout=0.3, kill_timeout=5)
         cleanup(args.cleanup)
         sys.exit(0)
+
+    if not asyncio_owner and stop_signal != signal.SIGINT:
+        signal.signal(stop_signal, on_stop)
+    if args.owner == "asyncio-finished":
+
+        async def uses_signals_then_ends() -> None:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGUSR2, lambda: None)
+
+        asyncio.run(uses_signals_then_ends())
+
+    ctx = mp.get_context(args.start_method)
+    helpers = [
+        ctx.Process(
+            target=helper,
+            args=(args.helper_death, args.owner == "own-session",
+                  args.owner == "handler-stops-helper" and i == 0),
+            name=f"helper-{i}",
+            daemon=True,
+        )
+        for i in range(args.helpers)
+    ]  # fmt: skip
+    for p in helpers:
+        p.start()
+    state["helpers"] = helpers
+    if args.owner == "own-session":
+        for p in helpers:  # started their sessions before the owner says it is ready
+            while os.getpgid(p.pid) == os.getpgrp():
+                time.sleep(0.005)
+
+    def arm() -> list[hk.DisarmableWatchdog]:
+        if args.owner == "two-sidecars":
+            return [
+                hk.DisarmableWatchdog([p], mode="sidecar", name=f"watchdog-{i}",
+                                      stop_grace=args.stop_grace).arm()
+                for i, p in enumerate(helpers)
+            ]  # fmt: skip
+        return [hk.DisarmableWatchdog(helpers, mode=args.mode, stop_grace=args.stop_grace).arm()]
+
+    def ready(wds: list[hk.DisarmableWatchdog]) -> None:
+        sidecars = " ".join(str(wd.sidecar_pid or 0) for wd in wds)
+        print("READY", " ".join(str(p.pid) for p in helpers), sidecars, flush=True)
+
+    if asyncio_owner:
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            stopped = asyncio.Event()
+
+            def on_loop_stop() -> None:
+                if args.survive:
+                    print("HANDLED", flush=True)
+                    return
+                stopped.set()
+
+            wds: list[hk.DisarmableWatchdog] = []
+            if args.owner == "asyncio-after-arm":
+                wds = arm()
+            loop.add_signal_handler(signal.SIGUSR2, lambda: None)
+            loop.add_signal_handler(stop_signal, on_loop_stop)
+            if args.owner == "asyncio-before-arm":
+                wds = arm()
+            ready(wds)
+            try:
+                await asyncio.wait_for(stopped.wait(), 120)
+            except asyncio.TimeoutError:
+                print("NOT STOPPED", flush=True)
+                return
+            await asyncio.sleep(args.cleanup)
+            sys.exit(0)
+
+        asyncio.run(serve())
+        return
+
+    ready(arm())
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        try:
+            if args.owner == "uninterruptible":
+                block_uninterruptibly(args.blocked)
+                args.owner = "plain"  # once
+            time.sleep(120)
+        except KeyboardInterrupt:
+            if args.survive:
+                print("HANDLED", flush=True)
+                continue
+            cleanup(args.cleanup)
+            sys.exit(0)
     print("NOT STOPPED", flush=True)
 
 

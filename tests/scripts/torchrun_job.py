@@ -1,7 +1,9 @@
 """A small distributed job for torchrun: local rank 0 owns a helper server that feeds it
 batches; every rank sits in gloo collectives. Used to show what happens when the helper dies.
 
-Prints "HELPER <pid>" once the helper runs. Options: --healthkit to guard the helper.
+Prints "HELPER <pid>" once the helper runs. Options: --healthkit to guard the helper (its
+entry point is then wrapped in healthkit.record_exception), --helper-raises N to make the
+helper raise ValueError("bad shard 7") after N batches.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ import torch.distributed as dist
 import healthkit as hk
 
 
-def helper_server(queue: mp.Queue) -> None:  # type: ignore[type-arg]
+def helper_server(queue: mp.Queue, raise_after: int = -1) -> None:  # type: ignore[type-arg]
     i = 0
     while True:
+        if i == raise_after:
+            load_shard(7)
         queue.put(i)
         i += 1
         time.sleep(0.02)
+
+
+def load_shard(n: int) -> None:
+    raise ValueError(f"bad shard {n}")
 
 
 def main() -> None:
@@ -32,6 +40,7 @@ def main() -> None:
     ap.add_argument("--mode", default="thread")
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--collective-timeout", type=float, default=600)
+    ap.add_argument("--helper-raises", type=int, default=-1)
     args = ap.parse_args()
 
     dist.init_process_group(
@@ -43,8 +52,9 @@ def main() -> None:
     if local_rank == 0:
         ctx = mp.get_context("fork")
         queue = ctx.Queue()
+        target = hk.record_exception(helper_server) if args.healthkit else helper_server
         server = ctx.Process(
-            target=helper_server, args=(queue,), name="sampler-server", daemon=True
+            target=target, args=(queue, args.helper_raises), name="sampler-server", daemon=True
         )
         server.start()
         if args.healthkit:

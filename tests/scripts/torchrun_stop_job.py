@@ -2,12 +2,16 @@
 torchrun stops a job (SIGTERM to each worker's process group, SIGKILL after the agent's
 grace). Each rank checkpoints for ``--cleanup`` seconds in its SIGTERM handler, then exits 0.
 
+With ``--asyncio`` each rank runs an asyncio loop that installs its SIGTERM handler with
+``loop.add_signal_handler`` after arming (the loop then holds the signal wakeup fd).
+
 Prints "HELPER <rank> <pid>" once its helper runs and is watched.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import multiprocessing as mp
 import os
@@ -26,6 +30,7 @@ def main() -> None:
     ap.add_argument("--mode", default="thread")
     ap.add_argument("--start-method", default="fork")
     ap.add_argument("--cleanup", type=float, default=0.2)
+    ap.add_argument("--asyncio", action="store_true")
     args = ap.parse_args()
 
     def on_term(signum: int, frame: object) -> None:
@@ -44,8 +49,20 @@ def main() -> None:
     # newline separately, so two ranks' lines could interleave into one.
     sys.stdout.write(f"HELPER {dist.get_rank()} {server.pid}\n")
     sys.stdout.flush()
+    if args.asyncio:
+        asyncio.run(serve(queue, args.cleanup))
+        return
     while True:
         queue.get()  # a training step that feeds on the helper
+
+
+async def serve(queue: object, cleanup: float) -> None:
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)  # takes the wakeup fd, after arm()
+    await stopped.wait()
+    await asyncio.sleep(cleanup)  # a checkpoint
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str, list[int]]:
+def run_and_stop(
+    log_dir: Path, mode: str, start_method: str, extra: tuple[str, ...] = ()
+) -> tuple[int, str, list[int]]:
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -36,6 +38,7 @@ def run_and_stop(log_dir: Path, mode: str, start_method: str) -> tuple[int, str,
             "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=hkstop", "--max_restarts=0",
             f"--log-dir={log_dir}", JOB, "--mode", mode, "--start-method", start_method,
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -66,17 +69,31 @@ def _timeout() -> float:
 
 
 @pytest.mark.timeout(_timeout())
-@pytest.mark.parametrize(("mode", "start_method"), [("thread", "fork"), ("sidecar", "spawn")])
+@pytest.mark.parametrize(
+    ("mode", "start_method", "extra"),
+    [
+        ("thread", "fork", ()),
+        ("sidecar", "spawn", ()),
+        # ranks whose asyncio loop installs its SIGTERM handler after arm()
+        ("thread", "fork", ("--asyncio",)),
+        ("sidecar", "fork", ("--asyncio",)),
+    ],
+)
 def test_torchrun_stopping_a_healthy_job_fires_nothing(
-    mode: str, start_method: str, tmp_path: Path
+    mode: str, start_method: str, extra: tuple[str, ...], tmp_path: Path
 ) -> None:
     runs = int(os.environ.get("HEALTHKIT_SOAK_TORCHRUN_RUNS", "1"))  # scripts/soak: 10 per cell
     for i in range(runs):
         log_dir = tmp_path / f"logs-{i}"
-        _, out, helpers = run_and_stop(log_dir, mode, start_method)
+        _, out, helpers = run_and_stop(log_dir, mode, start_method, extra)
         assert "Received" in out and "SIGTERM" in out, out  # torchrun did stop the job
-        assert "healthkit watchdog" not in out, out
+        # A helper's death may be noted at WARNING as part of the stop; nothing fires.
+        assert "ERROR" not in out and "still running after the stop's grace" not in out, out
+        for line in out.splitlines():
+            if "healthkit" in line:
+                assert "taken as its share of this process's stop" in line, out
+        blamed = [ln for ln in out.splitlines() if "taken as its share" not in ln]
         for pid in helpers:
-            assert f"(pid {pid})" not in out, out
+            assert not any(f"(pid {pid})" in ln for ln in blamed), out
         error_files = list(log_dir.rglob("error.json"))
         assert error_files == [], [p.read_text() for p in error_files]

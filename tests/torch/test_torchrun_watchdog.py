@@ -38,6 +38,7 @@ class Launch:
         nproc: int = 2,
         port: int | None = None,
         run_id: str = "hk",
+        env: dict[str, str] | None = None,
     ) -> None:
         port = port or free_port()
         self.cmd = [
@@ -52,7 +53,7 @@ class Launch:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})},
         )
         self.out = LineReader(self.proc.stdout)
 
@@ -143,3 +144,29 @@ def test_two_nodes_on_localhost_end_in_seconds_when_one_helper_dies() -> None:
     assert rc_a != 0 and rc_b != 0
     assert max(elapsed_a, elapsed_b) < 90
     assert f"sampler-server (pid {helper_a}) was killed by SIGKILL" in out_a
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_helpers_exception_is_torchruns_root_cause(mode: str, tmp_path: Path) -> None:
+    """The helper raises ValueError("bad shard 7") out of its entry point (wrapped in
+    healthkit.record_exception): torchrun's root cause names that exception, where it was
+    raised and where its full traceback is, not "exited with code 1"."""
+    records = tmp_path / "records"
+    job = Launch("--healthkit", "--mode", mode, "--helper-raises", "25",
+                 env={"HEALTHKIT_RECORD_DIR": str(records)})
+    helper = job.wait_for_helper()
+    rc, out, elapsed = job.finish(timeout=120)
+    assert rc != 0
+    assert elapsed < 90, out
+    root = out[out.index("Root Cause") :]
+    assert re.search(r"rank\s*: 0", root)
+    assert (
+        f"sampler-server (pid {helper}) exited with code 1: it raised ValueError: bad shard 7 "
+        "at torchrun_job.py:"
+    ) in root, root
+    assert "ValueError: bad shard 7" in root
+    assert f"exception record {records}/exception-{helper}-" in root
+    assert re.search(r'File ".*torchrun_job\.py", line \d+, in load_shard', root), root
+    record = next(records.glob(f"exception-{helper}-*.txt"))
+    assert record.read_text().rstrip().endswith("ValueError: bad shard 7")

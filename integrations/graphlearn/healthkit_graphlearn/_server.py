@@ -53,6 +53,7 @@ from healthkit import (
     ProcessDiedError,
     ProcessWatch,
     WatchSet,
+    record_exception,
     stop,
 )
 from healthkit.actions import Action
@@ -465,6 +466,7 @@ def _gl_module(graph: Any) -> Any:
     return import_graphlearn()
 
 
+@record_exception  # its exception, if it raises, names the cause in the owner's diagnosis
 def _serve(
     graph: Any,
     cluster: dict[str, int | str],
@@ -475,6 +477,10 @@ def _serve(
     ready_deadline: float | None = None,
 ) -> None:
     """The server process: GL's ``_server_manager`` with a readiness message, no stats.
+
+    Wrapped in :func:`healthkit.record_exception`: a Python exception it raises (a bad
+    cluster spec, a table that fails to load) reaches the owner's diagnosis and torchrun's
+    root cause, and ``healthkit stacks`` can show where a live server is.
 
     ``ready_deadline``: seconds after which a server whose ``graph.init()`` has not returned
     dies of SIGALRM. A kernel timer, because ``init()`` holds the GIL: no Python code of this

@@ -13,6 +13,9 @@ sampling scenarios, once the first sample came back), then plays its scenario:
   sample-loop  sample in a loop in this process (a GL call is in flight almost always)
   exit-after-death  kill the server and leave main at once, before the watcher can run
   startup-death / ready-timeout   launch a server that cannot become ready
+  startup-exception   launch a server whose graph.init() raises a Python exception (GL's
+               own ValueError for a cluster schema it rejects; the launcher's checks let no
+               such schema through, so the graph object's init raises it here)
   background   ``wait=False``: print ``LAUNCHED`` at once, check ``wait_ready`` (a short
                timeout raises, a long one returns), hold until ``--hold`` s after the launch,
                sample in this process, print ``RESULT``
@@ -163,7 +166,14 @@ def main() -> int:
     clients = max(args.workers, 1)
     cluster: dict[str, Any] = hkgl.get_cluster_spec(clients, host="127.0.0.1")
 
-    if args.scenario in ("startup-death", "ready-timeout"):
+    if args.scenario == "startup-exception":
+
+        def init(*args: Any, **kwargs: Any) -> None:
+            raise ValueError("Invalid cluster schema")  # GL's deploy_in_server_mode
+
+        graph.init = init  # the forked server inherits it
+
+    if args.scenario in ("startup-death", "ready-timeout", "startup-exception"):
         timeout = 0.5 if args.scenario == "ready-timeout" else None
         started = time.monotonic()
         try:
@@ -177,6 +187,7 @@ def main() -> int:
                 "message": str(e),
                 "signal": d.signal.name if d is not None and d.signal else None,
                 "cause": d.cause.name if d is not None else None,
+                "exception": d.exception.summary if d is not None and d.exception else None,
                 "after_s": time.monotonic() - started,
                 "children": [p.pid for p in multiprocessing.active_children()],
             }), flush=True)  # fmt: skip

@@ -1,0 +1,168 @@
+"""One watcher, two hosts: what happens to a death once it is seen.
+
+The owner's watcher thread and the sidecar process differ in how they learn that a process
+ended (the sidecar may have to take the owner's word for the status) and in what firing does
+(run the owner's actions; or log, write the error file and stop the owner). Everything in
+between is here, once: the record of a watched process, the call to the firing rule
+(:func:`healthkit._decide.decide`, the only thing that decides), the warning logged at once for
+a death that a stop excuses for now, and the deferred deaths that are decided again when their
+stop episode ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+
+from healthkit._decide import Decision, OnCleanExit, Verdict, decide
+from healthkit._diagnosis import Diagnosis, returned_early
+from healthkit._proc import read_proc_stat
+from healthkit._stopsignals import StopEpisode
+from healthkit._watch import ExitStatus, ProcessWatch
+
+__all__ = ["Judge", "Watched"]
+
+
+@attrs.define(eq=False)
+class Watched:
+    """One watched process: the same record in the owner's watcher thread and in the sidecar."""
+
+    pid: int
+    name: str
+    on_clean_exit: OnCleanExit
+    pgrp: int | None
+    start_time: int | None
+    watch: ProcessWatch | None = None  # None: the sidecar found it ended before it watched
+    owned: bool = False  # the watchdog built the ProcessWatch, so it closes it
+    status: ExitStatus | None = None  # how it ended, once known
+    deferred: Decision | None = None  # excused by a stop for now: decided again at .until
+    settled: bool = False  # decided for good: nothing more will happen about it
+
+    @classmethod
+    def of(cls, watch: ProcessWatch, on_clean_exit: OnCleanExit, *, owned: bool) -> Watched:
+        return cls(
+            pid=watch.pid,
+            name=watch.name,
+            on_clean_exit=on_clean_exit,
+            pgrp=watch.pgrp,
+            start_time=watch.start_time,
+            watch=watch,
+            owned=owned,
+        )
+
+
+def early_exit_wording(diagnosis: Diagnosis, record: Watched) -> Diagnosis:
+    """An exit 0 of a process meant to run until disarmed is a failure of its own kind."""
+    if diagnosis.exit_code == 0 and record.on_clean_exit != "ignore":
+        return returned_early(diagnosis)
+    return diagnosis
+
+
+def survived_stop_wording(diagnosis: Diagnosis, excused: Decision) -> Diagnosis:
+    """A death first excused by a stop that this process then survived."""
+    return attrs.evolve(
+        diagnosis,
+        likely=(diagnosis.likely + "; " if diagnosis.likely else "")
+        + "it ended while this process was being stopped, and this process is still running"
+        " after the stop's grace: it now depends on a dead helper",
+        evidence=(*diagnosis.evidence, f"first excused: {excused.reason.partition(';')[0]}"),
+    )
+
+
+def _refresh_group(record: Watched) -> None:
+    """Its process group as it was at its death (a helper may leave the owner's group after
+    it was watched: ``os.setpgrp()``/``setsid()`` in its target), read from the zombie."""
+    stat = read_proc_stat(record.pid)
+    if stat is not None and stat.start_time == record.start_time:
+        record.pgrp = stat.pgrp
+
+
+@attrs.define(eq=False)
+class Judge:
+    """Decides the deaths one host sees, and holds the deferred ones until their time.
+
+    The host supplies what only it knows: the owner's stop episode at a given moment, whether
+    healthkit itself is stopping a process, how to describe a death, and what firing does.
+    """
+
+    name: str
+    log: logging.Logger
+    stop_grace: float
+    owner_pgrp: int
+    episode: Callable[[float], StopEpisode | None]
+    stopped_by_healthkit: Callable[[Watched], bool]
+    describe: Callable[[Watched, ExitStatus], Diagnosis]  # brief: exit status only, no I/O
+    fire: Callable[[Watched, ExitStatus, Decision | None], None]
+    armed: Callable[[], bool] = lambda: True
+
+    def judge(
+        self,
+        record: Watched,
+        status: ExitStatus | None,
+        *,
+        now: float | None = None,
+        owner_exiting: bool = False,
+        owner_gone: bool = False,
+    ) -> Decision:
+        """Decide ``record``'s ending now, and act on the decision (fire, warn, defer)."""
+        if record.settled:
+            return Decision(Verdict.IGNORE, "already decided")
+        now = time.monotonic() if now is None else now
+        if status is not None and record.deferred is None:
+            _refresh_group(record)
+        decision = decide(
+            status,
+            armed=self.armed(),
+            on_clean_exit=record.on_clean_exit,
+            stopped_by_healthkit=self.stopped_by_healthkit(record),
+            stop=self.episode(now) if status is not None else None,
+            stop_grace=self.stop_grace,
+            now=now,
+            same_group=record.pgrp is None or record.pgrp == self.owner_pgrp,
+            owner_exiting=owner_exiting,
+            owner_gone=owner_gone,
+        )
+        if decision.verdict is Verdict.KEEP_WATCHING:
+            return decision
+        assert status is not None
+        record.status = status
+        excused, record.deferred = record.deferred, None
+        if decision.verdict is Verdict.DEFER:
+            if excused is None:  # said once, when first seen; the deadline may move later
+                brief = self.describe(record, status)
+                self.log.warning("%s: %s %s; %s", self.name, brief.who, brief.what, decision.reason)
+            record.deferred = decision
+            return decision
+        record.settled = True
+        if decision.verdict is Verdict.FIRE:
+            self.fire(record, status, excused)
+        elif decision.verdict is Verdict.WARN:
+            self.log.warning(
+                "%s: %s; %s", self.name, self.describe(record, status), decision.reason
+            )
+        elif excused is not None:
+            self.log.info("%s: %s: %s", self.name, record.name, decision.reason)
+        return decision
+
+    def expire(
+        self, records: list[Watched], *, now: float | None = None, owner_gone: bool = False
+    ) -> None:
+        """Decide again every deferred death whose time has come."""
+        now = time.monotonic() if now is None else now
+        for record in records:
+            d = record.deferred
+            if d is not None and not record.settled and d.until is not None and d.until <= now:
+                self.judge(record, record.status, now=now, owner_gone=owner_gone)
+
+    @staticmethod
+    def next_due(records: list[Watched]) -> float | None:
+        """When the earliest deferred death is to be decided again (monotonic), if any."""
+        dues = [
+            r.deferred.until
+            for r in records
+            if r.deferred is not None and not r.settled and r.deferred.until is not None
+        ]
+        return min(dues) if dues else None
