@@ -18,12 +18,19 @@
    plain (stock) vs through healthkit_glt's send lock.
 5. The fault matrix of each supported build, rendered from the raw runs that
    ``tests/glt/fault_matrix.py --save`` kept in ``benchmarks/results/glt-faults-*.json``.
+6. Server-client mode, per build (``--server-client``, kept in
+   ``benchmarks/results/glt-server-client-*.json``): steady-state throughput of a server
+   and one client against stock GLT's, by the protocol of 1., and the time from each fault
+   (a worker SIGKILLed on the server, a sampler raising there, a client or the server
+   SIGKILLed, the network lost) to the error, next to stock GLT, which hangs.
 
 Usage (``scripts/bench`` runs it after the core benchmarks, with the fault matrices)::
 
     .venv-glt/bin/python benchmarks/glt_bench.py            # full (about 20 minutes)
     .venv-glt/bin/python benchmarks/glt_bench.py --quick    # smoke run, temporary directory
     .venv-glt/bin/python benchmarks/glt_bench.py --report-only benchmarks/results/glt.json
+    .venv-glt/bin/python benchmarks/glt_bench.py --server-client     # 6. only (about 12 min)
+    .venv-glt28/bin/python benchmarks/glt_bench.py --server-client   # the same, torch 2.8
 
 A full run writes docs/benchmarks-glt.md and its raw data, every epoch of every block, to
 benchmarks/results/glt.json; ``--report-only`` re-renders the page from such a file.
@@ -56,6 +63,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "glt"))
 import fault_matrix  # noqa: E402
 import glt_fixtures as fx  # noqa: E402
 import glt_scenarios as sc  # noqa: E402
+import glt_server_scenarios as ssc  # noqa: E402
 from _protocol import RULES, Target, Verdict, judge_difference, mean_difference_ci  # noqa: E402
 
 from healthkit.lowlevel import descendants  # noqa: E402
@@ -63,6 +71,7 @@ from healthkit.lowlevel import descendants  # noqa: E402
 OUT = os.path.join(ROOT, "docs", "benchmarks-glt.md")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt.json")
 FAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-faults-*.json")
+SC_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-server-client-{}.json")
 FORMAT = 2
 
 # Blocks per loader and timed epochs per block, for each consumer, in a full run.
@@ -83,6 +92,24 @@ TARGETS = [
     for consumer, who in (("drop", "consumer drops each batch"), ("train", "training step"))
     for metric, what in (("wall", "wall time per epoch"), ("cpu", "process-tree CPU per batch"))
 ]
+# Server-client mode: one server, one client that drops each batch, 25,000 seeds an epoch.
+SC_PLAN = (6, 4)  # blocks per loader, timed epochs per block (after one warm-up epoch)
+SC_QUICK_PLAN = (1, 1)
+SC_FAULT_RUNS = 3  # healthkit_glt fault runs per build; stock GLT: one (it hangs each time)
+SC_BLOCK_S = 600.0  # one block (a server and a client, start to exit), at most
+SC_HANG_S = 30.0  # how long each stock GLT hang is watched (the suite watches 5 s)
+SC_TARGETS = [
+    Target(
+        f"sc.{metric}",
+        f"healthkit_glt vs stock GLT, server-client, {what}: < +1 %",
+        "mean difference",
+        0.01,
+        "%",
+        SC_PLAN[0],
+    )
+    for metric, what in (("wall", "wall time per epoch"),
+                         ("cpu", "CPU of the whole job (client, server, workers) per batch"))
+]  # fmt: skip
 
 
 def tree_cpu_s() -> float:
@@ -355,6 +382,123 @@ def receive_path(rounds: int, messages: int, period_s: float, rows: int = 1000) 
             "period_s": period_s, "message_kb": message_bytes / 1024}  # fmt: skip
 
 
+def sc_block(mode: str, epochs: int, repeats: int = SEED_REPEATS) -> dict[str, Any]:
+    """One server-client block (``glt_server_scenarios.py healthy``): a server and one
+    client in a fresh process group, a warm-up epoch, then ``epochs`` timed epochs."""
+    seeds = fx.NUM_NODES * repeats
+    env = {
+        "HK_TEST_SEED_REPEATS": str(repeats),
+        # One epoch's batches fit in the server's buffer: stock GLT's concurrent-writer
+        # stall cannot happen then; both get the same options (GLT's default prefetch).
+        "HK_TEST_BUFFER_CAPACITY": str(fx.one_epoch_capacity(seeds)),
+        "HK_TEST_PREFETCH": "4",
+        "HK_TEST_CPU": "1",
+    }
+    run = ssc.run("healthy", [mode, str(epochs + 1)], timeout=SC_BLOCK_S, env=env)
+    r = run.results[-1] if run.results else {}
+    client = r.get("clients", {}).get("healthy", {})
+    return {"seeds": seeds, "returncode": run.returncode, "epochs": client.get("epochs", []),
+            "loader_shutdown_s": client.get("loader_shutdown_s"),
+            "left": len(run.survivors) + len(run.leaked_segments),
+            "error": None if client.get("exit") else run.output[-3000:]}  # fmt: skip
+
+
+def server_client_throughput(
+    blocks: int, epochs: int, repeats: int = SEED_REPEATS
+) -> dict[str, Any]:
+    """``blocks`` blocks of each mode, alternating as in :func:`block_order`."""
+    per_epoch: list[dict[str, Any]] = []
+    per_block: list[dict[str, Any]] = []
+    seeds = 0
+    for index, name in enumerate(block_order(blocks)):
+        b = sc_block("stock" if name == "stock" else "hk", epochs, repeats)
+        seeds = b["seeds"]
+        timed = b["epochs"][1:]  # the first is the warm-up
+        for i, e in enumerate(timed):
+            per_epoch.append({"loader": name, "block": index, "epoch": i, "batches": e["batches"],
+                              "wall_s": e["seconds"], "cpu_s": e["cpu_s"],
+                              "every_seed_seen": e["every_seed_seen"]})  # fmt: skip
+        row = {"loader": name, "block": index, "hung": b["returncode"] is None,
+               "returncode": b["returncode"], "left": b["left"],
+               "shutdown_s": b["loader_shutdown_s"]}  # fmt: skip
+        if b["error"] and len(timed) < epochs:
+            row["error"] = b["error"]
+        per_block.append(row)
+        print(f"[glt-bench] server-client block {index} ({name}): {len(timed)} epochs, "
+              f"{row}", flush=True)  # fmt: skip
+    return {"seeds": seeds, "blocks": blocks, "epochs": epochs, "per_epoch": per_epoch,
+            "per_block": per_block}  # fmt: skip
+
+
+def _trim(r: dict[str, Any]) -> dict[str, Any]:
+    """A fault run's result without what the page does not need (event log, tracebacks)."""
+    out = {k: v for k, v in r.items() if k != "events"}
+    for v in out.values():
+        if isinstance(v, dict):
+            v.pop("mro", None)
+            v.pop("worker_traceback", None)
+    return out
+
+
+def server_client_faults(runs: int) -> dict[str, Any]:
+    """``runs`` healthkit_glt fault runs, one stock GLT run (each of its faults watched for
+    ``SC_HANG_S``), and ``runs`` network-loss runs when this machine can
+    make a private network namespace."""
+    hang_env = {"HK_TEST_HANG_S": str(SC_HANG_S)}
+    out: dict[str, Any] = {"hang_s": SC_HANG_S, "hk": [], "stock": [], "network": [],
+                           "stock_network": [],
+                           "connection_timeout": ssc.CONNECTION_TIMEOUT_S}  # fmt: skip
+    for mode, n in (("hk", runs), ("stock", 1)):
+        for _ in range(n):
+            run = ssc.run("faults", [mode], timeout=SC_BLOCK_S, env=hang_env)
+            r = _trim(run.results[-1]) if run.results else {"error": "no result"}
+            r.update(rc=run.returncode, left_processes=len(run.survivors),
+                     left_segments=len(run.leaked_segments))  # fmt: skip
+            out[mode].append(r)
+            print(f"[glt-bench] server-client faults ({mode}): "
+                  f"{str({k: v for k, v in r.items() if k != 'worker_pids'})[:400]}",
+                  flush=True)  # fmt: skip
+    # A raising sampler in stock GLT: its producers take no sampler factory, so the server's
+    # data makes the real feature lookup raise.
+    run = ssc.run("sampler-error", ["stock"], timeout=SC_BLOCK_S, env=hang_env)
+    out["stock_sampler_error"] = _trim(run.results[-1]) if run.results else {"error": "no result"}
+    out["netns"] = ssc.netns_available()
+    if out["netns"] is None:
+        for mode, n in (("hk", runs), ("stock", 1)):
+            for _ in range(n):
+                run = ssc.run("network-loss", [mode], timeout=SC_BLOCK_S, netns=True)
+                r = _trim(run.results[-1]) if run.results else {"error": "no result"}
+                r.update(rc=run.returncode, left_processes=len(run.survivors),
+                         left_segments=len(run.leaked_segments))  # fmt: skip
+                out["network" if mode == "hk" else "stock_network"].append(r)
+    return out
+
+
+def server_client(quick: bool) -> dict[str, Any]:
+    import healthkit_glt as hg
+    import torch
+
+    blocks, epochs = SC_QUICK_PLAN if quick else SC_PLAN
+    t0 = time.monotonic()
+    res: dict[str, Any] = {
+        "command": " ".join(
+            [os.path.relpath(sys.executable, ROOT), "benchmarks/glt_bench.py", "--server-client"]
+        ),
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+        "glt": hg.glt_version(),
+        "software": f"torch {torch.__version__}, graphlearn-torch {hg.glt_version()}, CPU only",
+        "quick": quick,
+        "targets": [t.as_dict() for t in SC_TARGETS],
+        # the quick smoke run: one pass over the seeds an epoch, to keep it short
+        "throughput": server_client_throughput(blocks, epochs, 1 if quick else SEED_REPEATS),
+    }
+    if not quick:
+        res["faults"] = server_client_faults(SC_FAULT_RUNS)
+    res["total_s"] = time.monotonic() - t0
+    res["machine"] = machine()
+    return res
+
+
 def machine() -> str:
     model = "?"
     try:
@@ -416,6 +560,17 @@ def guard_cpu_per_message(rp: dict[str, Any], mode: str = "ring") -> float:
     of the per-rotation differences (each rotation runs every mode back to back)."""
     pairs = zip(rp["cpu"][mode], rp["cpu"]["stock"], strict=True)
     return statistics.median(m - s for m, s in pairs)
+
+
+def sc_verdicts(sc_res: dict[str, Any]) -> list[Verdict]:
+    targets = [Target(**d) for d in sc_res.get("targets", [])] or SC_TARGETS
+    out = []
+    for t in targets:
+        metric = t.key.split(".")[1]
+        v = block_values({"per_block": sc_res["throughput"]["per_block"],
+                          "per_epoch": sc_res["throughput"]["per_epoch"]}, metric)  # fmt: skip
+        out.append(judge_difference(t, v["healthkit_glt"], v["stock"], bool(sc_res["quick"])))
+    return out
 
 
 def _pct(x: float) -> str:
@@ -628,6 +783,179 @@ def _fault_section() -> list[str]:
     return lines
 
 
+def _median_s(values: list[float | None]) -> str:
+    xs = [x for x in values if x is not None]
+    if not xs:
+        return "n/a"
+    return f"{statistics.median(xs):.2f} s (runs: {', '.join(f'{x:.2f}' for x in xs)})"
+
+
+def _sc_fault_rows(f: dict[str, Any]) -> list[str]:
+    hk, stock, net = f["hk"], (f["stock"] or [{}])[0], f["network"]
+    hang = f"{f['hang_s']:.0f} s"
+
+    def col(rows: list[dict[str, Any]], key: str, field: str) -> list[float | None]:
+        return [(r.get(key) or {}).get(field) for r in rows]
+
+    def types(rows: list[dict[str, Any]], key: str) -> str:
+        found = sorted({(r.get(key) or {}).get("type") or "none" for r in rows})
+        return ", ".join(f"`{t}`" for t in found)
+
+    def stock_sampler(r: dict[str, Any] | None, hang: str) -> str:
+        e = (r or {}).get("sampler_error") or {}
+        if not e:
+            return "not measured"
+        if e.get("hung"):
+            return (f"(the server's features cover half the nodes: the real lookup raises) "
+                    f"client still waiting after {hang}")  # fmt: skip
+        return f"ended: `{e.get('type')}`"
+
+    def stock_cell(key: str, hung_text: str) -> str:
+        r = stock.get(key) or {}
+        if not r:
+            return "not measured"
+        if r.get("hung", r.get("workers_gone_after_s") is None):
+            return hung_text
+        return f"ended: `{r.get('type')}`"
+
+    def stock_net(side: str) -> str:
+        nl = (f.get("stock_network") or [{}])[0].get("network_loss") or {}
+        if not nl:
+            return "not measured"
+        watched = f"{3 * f['connection_timeout'] + 10:g} s"
+        if side == "client":
+            return (f"client still waiting after {watched}" if nl.get("hung")
+                    else f"ended: `{nl.get('type')}`")  # fmt: skip
+        return (f"workers still running after {watched}" if nl.get("survivors")
+                else "workers gone")  # fmt: skip
+
+    rows = [
+        ("a sampling worker SIGKILLed on the server while the client's fetch waits there",
+         "worker_kill", "after_kill_s", types(hk, "worker_kill"),
+         stock_cell("worker_kill", f"client still waiting after {hang} (then killed)")),
+        ("a sampler raising on the server (worker 1 of the producer), from its report",
+         "sampler_error", "after_raise_s", types(hk, "sampler_error"),
+         stock_sampler(f.get("stock_sampler_error"), hang)),
+        ("the client SIGKILLed mid-epoch: until its producer's workers on the server are gone",
+         "client_kill", "workers_gone_after_s", "(producer released)",
+         f"workers still running after {hang}" if (stock.get("client_kill") or {}).get(
+             "survivors") else "not measured"),
+        ("the server SIGKILLed while the client's fetch waits on it",
+         "server_kill", "after_kill_s", types(hk, "server_kill"),
+         stock_cell("server_kill", f"client still waiting after {hang}; the server's "
+                    "workers live on as orphans")),
+    ]  # fmt: skip
+    out = []
+    for what, key, field, err, stock_text in rows:
+        out.append(f"| {what} | {err} | {_median_s(col(hk, key, field))} | {stock_text} |")
+    if net:
+        t = f["connection_timeout"]
+        out.append(
+            f"| the network lost (loopback of a private namespace taken down; connection "
+            f"timeout {t:g} s): client's error | {types(net, 'network_loss')} | "
+            f"{_median_s(col(net, 'network_loss', 'after_loss_s'))} | {stock_net('client')} |"
+        )
+        out.append(
+            "| the network lost: until the server shut the client's producer down | "
+            f"(producer released) | {_median_s(col(net, 'network_loss', 'workers_gone_after_s'))}"
+            f" | {stock_net('server')} |"
+        )
+    elif f.get("netns"):
+        out.append(f"| the network lost | not run here: {f['netns']} | | |")
+    left_p = sum(r.get("left_processes", 0) for r in hk + net)
+    left_s = sum(r.get("left_segments", 0) + r.get("segments_left", 0)
+                 + r.get("orphan_segments_removed", 0) for r in hk + net)  # fmt: skip
+    out += ["", f"healthkit_glt runs: {len(hk)} fault runs and {len(net)} network-loss "
+            f"runs; processes left after them: {left_p}; SysV segments left: {left_s}. "
+            f"Stock GLT's run left {stock.get('segments_left', 'n/a')} SysV segments of its "
+            "killed server in the kernel (the scenario's driver removed them)."]  # fmt: skip
+    return out
+
+
+def _server_client_section(saved: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Server-client mode",
+        "",
+        "GLT's server-client mode (`init_server` and `RemoteDistSamplingWorkerOptions`), one "
+        "server and its clients as separate processes on this machine with real GLT RPC, "
+        "run by `tests/glt/glt_server_scenarios.py`. Stock: GLT's `init_server` and "
+        "`DistNeighborLoader`; healthkit_glt: `healthkit_glt.init_server` and "
+        "`healthkit_glt.DistNeighborLoader`, the same arguments.",
+        "",
+    ]
+    if not saved:
+        return [
+            *lines,
+            "No saved server-client runs (`benchmarks/results/glt-server-client-*.json`; "
+            "`benchmarks/glt_bench.py --server-client`).",
+            "",
+        ]
+    for res in saved:
+        tp = res["throughput"]
+        lines += [
+            f"### graphlearn-torch {res['glt']}",
+            "",
+            f"- Command: `{res['command']}`",
+            f"- Date: {res['date']} UTC; {res['total_s']:.0f} s",
+            f"- Machine: {res['machine']}",
+            f"- Software: {res['software']}",
+            "",
+            f"Steady state: one client that drops each batch, {tp['seeds']} seeds per epoch, "
+            "2 sampling workers on the server, the server's buffer one epoch's batches "
+            "(stock's concurrent-writer stall cannot happen then), GLT's default prefetch "
+            f"(4). {tp['blocks']} blocks per loader, alternating stock, healthkit_glt, "
+            f"healthkit_glt, stock, ...; a block is a fresh server and client, a warm-up "
+            f"epoch, then {tp['epochs']} timed epochs. Wall: each epoch by the client's "
+            "clock. CPU: user + system time of the client, the server and its workers, every "
+            "thread, from `/proc` around each epoch. Protocol as in \"Verdicts\" above.",
+            "",
+            "| target | statistic | estimate | 95 % CI | n | verdict |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for v in sc_verdicts(res):
+            lines.append(
+                f"| {v.what} | {v.statistic} | {v.estimate} | {v.ci} | {v.n} | {v.verdict} |"
+            )
+        lines += ["", "| loader | wall per epoch (mean of blocks) | CPU per batch (mean of "
+                  "blocks) | every seed seen, every epoch | blocks hung / failed |",
+                  "|---|---:|---:|---|---:|"]  # fmt: skip
+        walls = block_values({"per_block": tp["per_block"], "per_epoch": tp["per_epoch"]}, "wall")
+        cpus = block_values({"per_block": tp["per_block"], "per_epoch": tp["per_epoch"]}, "cpu")
+        for key, name in LOADERS:
+            ok = all(e["every_seed_seen"] for e in tp["per_epoch"] if e["loader"] == key)
+            mine = [b for b in tp["per_block"] if b["loader"] == key]
+            bad = sum(b["hung"] for b in mine), sum(bool(b.get("error")) for b in mine)
+            wall = f"{statistics.mean(walls[key]):.3f} s" if walls[key] else "n/a"
+            cpu = f"{1e6 * statistics.mean(cpus[key]):.0f} us" if cpus[key] else "n/a"
+            lines.append(f"| {name} | {wall} | {cpu} | {'yes' if ok else 'NO'} "
+                         f"| {bad[0]} / {bad[1]} of {len(mine)} |")  # fmt: skip
+        lines.append("")
+        if "faults" in res:
+            lines += [
+                "Faults: one server and three clients per run (the sequence is in "
+                "`scenario_faults`); times run from the fault (the SIGKILL, the worker's "
+                "report of its error, the loopback going down) to the error reaching the "
+                "client's caller, or to the workers being gone.",
+                "",
+                "| fault | healthkit_glt: error | healthkit_glt: time to it (median) "
+                "| stock GLT |",
+                "|---|---|---|---|",
+            ]
+            lines += _sc_fault_rows(res["faults"])
+            lines.append("")
+    return lines
+
+
+def _saved_server_client(results: dict[str, Any]) -> list[dict[str, Any]]:
+    if results.get("quick"):
+        return [results["server_client"]] if "server_client" in results else []
+    saved = []
+    for path in sorted(glob.glob(SC_RESULTS.format("*"))):
+        with open(path) as f:
+            saved.append(json.load(f))
+    return saved
+
+
 def render(results: dict[str, Any]) -> str:
     lines = [
         "# Benchmark: stock graphlearn-torch vs healthkit_glt",
@@ -655,6 +983,7 @@ def render(results: dict[str, Any]) -> str:
     lines += _death_section(results["death_to_error"])
     lines += _writers_section(results["writers"])
     lines += _fault_section()
+    lines += _server_client_section(_saved_server_client(results))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -685,6 +1014,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", help="raw results JSON (default benchmarks/results/glt.json)")
     p.add_argument("--report-only", metavar="JSON", help="re-render the page from raw results")
     p.add_argument("--budget", type=float, default=None, help="abort after this many s")
+    p.add_argument("--server-client", action="store_true",
+                   help="measure server-client mode on this environment's GLT build only, "
+                   "save it, and re-render the page from the saved results")  # fmt: skip
     p.add_argument("--block", nargs=3, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS
     args = p.parse_args(argv)
     if args.block:  # one block of the end-to-end runs, in its own process
@@ -693,6 +1025,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="healthkit-glt-bench-") if args.quick else None
     out = args.out or (os.path.join(tmp, "benchmarks-glt.md") if tmp else OUT)
     raw = args.results or (os.path.join(tmp, "glt.json") if tmp else RESULTS)
+
+    if args.server_client and not args.quick:
+        give_up_after(args.budget or 3600)
+        sc_res = server_client(quick=False)
+        path = SC_RESULTS.format(sc_res["glt"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(sc_res, f, indent=1)
+        print(f"[glt-bench] server-client: {sc_res['total_s']:.0f} s; raw results: {path}")
+        args.report_only = RESULTS  # the page, re-rendered with every saved section
 
     if args.report_only:
         with open(args.report_only) as f:
@@ -753,6 +1095,9 @@ def main(argv: list[str] | None = None) -> int:
         1 if args.quick else 5, 1000 if args.quick else 3000, 10.0 if args.quick else 30.0
     )
     save()
+    if args.quick:  # a full run's server-client section is measured by --server-client
+        results["server_client"] = server_client(quick=True)
+        save()
     with open(out, "w") as f:
         f.write(render(results))
     print(f"[glt-bench] {time.monotonic() - t0:.0f} s; page: {out}; raw results: {raw}")

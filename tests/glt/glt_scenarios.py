@@ -595,7 +595,8 @@ def scenario_hk_sampling_error(entry: str = "nodes") -> None:
 def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> None:
     now = time.time()
     workers = producer.workers
-    _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, batches=batches,
+    _result(outcome="raised", after_raise_s=now - e.raised_at, rank=e.rank, pid=e.pid,
+            worker_pids=[w.pid for w in workers], batches=batches,
             worker_traceback=e.worker_traceback, first_line=str(e).splitlines()[0],
             worker_exit_codes=[w.exitcode for w in workers],
             children_left=procs.spawned_worker_pids(), failure_kept=producer.failure is e,
@@ -677,6 +678,138 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
             proc.stdout.close()
 
 
+
+# --- a worker OOM-killed by the kernel, for real ---------------------------------------------
+
+
+def oom_worker_loop(ctx: Any) -> None:
+    """Worker 1 passes the barrier, waits for its first command, then moves itself into the
+    memory cgroup ``ctx.extra["cgroup"]`` (a small limit) and allocates until the kernel's
+    OOM killer ends it. Worker 0 runs the default loop."""
+    import healthkit_glt as hg
+
+    if ctx.rank != 1:
+        hg.default_worker_loop(ctx)
+        return
+    sampler = None
+    try:
+        hg.init_sampling_worker(ctx)
+        sampler = hg.start_sampler(ctx)
+        hg.pass_init_barrier(ctx)
+        ctx.task_queue.get()  # the epoch's SAMPLE_ALL: the consumer is in recv() now
+        with open(os.path.join(ctx.extra["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        hoard = []
+        while True:  # touched pages: real memory, charged to the small cgroup
+            hoard.append(bytearray(b"\x01") * (8 << 20))
+    finally:
+        hg.teardown_sampling_worker(sampler)
+
+
+def scenario_hk_epoch_oom(cgroup: str) -> None:
+    """healthkit_glt: sampling worker 1 is OOM-killed mid-epoch by the kernel (a memory cgroup
+    made by the test); the error must say the OOM killer did it, confirmed."""
+    import healthkit_glt as hg
+
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset(), worker_loop=oom_worker_loop,
+                        worker_extra={"cgroup": cgroup})  # fmt: skip
+    workers = loader.producer.workers
+    t0 = time.monotonic()
+    try:
+        for batch in loader:
+            del batch
+    except hg.SamplingWorkerDiedError as e:
+        d = e.diagnosis
+        _result(outcome="raised", elapsed_s=time.monotonic() - t0, rank=e.rank, pid=d.pid,
+                worker_pids=[w.pid for w in workers], cause=d.cause.name,
+                signal=d.signal.name if d.signal else None, diagnosis=str(d),
+                evidence=list(d.evidence), children_left=procs.spawned_worker_pids(),
+                **_error_fields(e))  # fmt: skip
+        return
+    finally:
+        loader.shutdown()
+    _result(outcome="finished")
+
+
+# --- fail and rebuild, many times, in one process ---------------------------------------------
+
+
+def _footprint() -> dict[str, Any]:
+    """What a loader can leave in this process: SysV segments it created, mappings of SysV or
+    /dev/shm memory, /dev/shm names, fds, threads, children."""
+    with open("/proc/self/maps") as f:
+        maps = [line.split() for line in f]
+    shm = sorted(" ".join(m[5:]) for m in maps if len(m) > 5 and m[5].startswith("/dev/shm/"))
+    return {
+        "segments": sorted(procs.sysv_shm_created_by([os.getpid()])),
+        "sysv_mappings": sum(1 for m in maps if len(m) > 5 and m[5].startswith("/SYSV")),
+        "dev_shm_mappings": shm,
+        "dev_shm_names": _dev_shm_names([os.getpid()]),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "children": procs.spawned_worker_pids(),
+    }
+
+
+def _fail_once(kind: str, dataset: Any) -> str:
+    """Build a loader, make it fail as ``kind`` says, catch, shut down; the way a script
+    that retries does it (the last batch stays bound to the loop variable)."""
+    import functools
+
+    import healthkit_glt as hg
+
+    import healthkit as hk
+
+    if kind == "init-failure":
+        try:
+            _hk_loader(dataset, worker_loop=rank1_raises_loop, rpc_init_timeout=60)
+        except hk.BarrierBrokenError as e:
+            return type(e).__name__
+        return "built"
+    kwargs: dict[str, Any] = {}
+    if kind == "sampler-error":
+        kwargs["sampler_factory"] = functools.partial(
+            _raising_sampler_factory, raise_in="_sample_from_nodes"
+        )
+    loader = _hk_loader(dataset, **kwargs)
+    try:
+        for n, _batch in enumerate(loader):  # _batch holds a view of the ring meanwhile
+            if kind == "worker-death" and n == 1:
+                os.kill(loader.producer.workers[1].pid, signal.SIGKILL)
+    except (hg.SamplingWorkerDiedError, hg.SamplingError) as e:
+        return type(e).__name__
+    finally:
+        loader.shutdown()
+    return "finished"
+
+
+def scenario_hk_fail_rebuild(cycles: int = 3) -> None:
+    """``cycles`` fail-and-rebuild cycles in one process (worker death, sampler error, init
+    failure, in turn): after each, with the loader and its last batch dropped, this
+    process holds what it held before the first (after one warm-up cycle, which moves the
+    dataset's tensors to shared memory, as any first loader does)."""
+    import gc
+
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
+    kinds = ["worker-death", "sampler-error", "init-failure"]
+    _fail_once(kinds[0], dataset)
+    gc.collect()
+    before = _footprint()
+    runs = []
+    for i in range(cycles):
+        kind = kinds[i % len(kinds)]
+        t = time.monotonic()
+        raised = _fail_once(kind, dataset)
+        gc.collect()
+        after = _footprint()
+        diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        runs.append({"kind": kind, "raised": raised, "seconds": time.monotonic() - t,
+                     "same": not diff, "diff": diff})  # fmt: skip
+        _say(f"cycle {i + 1}/{cycles} {kind}: {raised}, footprint {diff or 'unchanged'}")
+    _result(outcome="done", before=before, after=_footprint(), runs=runs)
+
 SCENARIOS = {
     "hk-init-sigkill": lambda a: scenario_hk_init_sigkill(*(float(x) for x in a)),
     "hk-init-raise": lambda a: scenario_hk_init_raise(),
@@ -688,6 +821,8 @@ SCENARIOS = {
     "hk-stuck-slot": lambda a: scenario_hk_stuck_slot(*(float(x) for x in a[:1]), *a[1:]),
     "hk-trainer": lambda a: scenario_hk_trainer(*a),
     "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),
+    "hk-epoch-oom": lambda a: scenario_hk_epoch_oom(*a),
+    "hk-fail-rebuild": lambda a: scenario_hk_fail_rebuild(*(int(x) for x in a)),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

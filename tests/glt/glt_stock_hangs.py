@@ -69,17 +69,22 @@ class Run:
 
 
 def run_script(
-    script: str, args: Sequence[str], timeout: float, extra_env: dict[str, str] | None = None
+    script: str,
+    args: Sequence[str],
+    timeout: float,
+    extra_env: dict[str, str] | None = None,
+    prefix: Sequence[str] | None = None,
 ) -> Run:
     """Run ``script args`` in a new session; at ``timeout`` dump every stack of the group
     (SIGUSR1), SIGKILL the group we created, wait for it, then remove (and report) the SysV
-    segments its processes left behind."""
+    segments its processes left behind. ``prefix``: a command that execs its arguments
+    (e.g. ``unshare --net ...``), run in the session's place."""
     with sigusr1_stack_dumps() as (env, stacks), tempfile.TemporaryFile(mode="w+") as out:
         env.update(extra_env or {})
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, script, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
+            [*(prefix or ()), sys.executable, script, *args], stdout=out,
+            stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         pgid = proc.pid
         rc: int | None

@@ -13,6 +13,9 @@ import pytest
 
 pytest.importorskip("graphlearn_torch")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import glt_stock_hangs  # runs a script in a session, reports what it left
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "glt_loader.py"
 
@@ -67,5 +70,55 @@ def test_the_example_stops_with_the_workers_traceback_when_its_sampler_raises(
 ) -> None:
     proc = _run([sys.executable, str(EXAMPLE), "--bad-features"], tmp_path, 360)
     assert proc.returncode == 1, proc.stderr
-    assert re.search(r"training stopped: sampling worker \d raised while sampling for batch \d+: "
-                     r"IndexError: index \d+ is out of bounds", proc.stderr), proc.stderr
+    assert re.search(r"training stopped: sampling worker \d \(pid \d+\) raised while sampling "
+                     r"for batch \d+: IndexError: index \d+ is out of bounds",
+                     proc.stderr), proc.stderr  # fmt: skip
+
+
+# --- examples/glt_custom_producer.py: a GiGL-style shared backend ----------------------------
+
+CUSTOM = ROOT / "examples" / "glt_custom_producer.py"
+
+
+def _run_custom(args: list[str]) -> glt_stock_hangs.Run:
+    """Run the example in its own session, with what of the session (processes, SysV
+    segments its processes created) is left once it exited."""
+    return glt_stock_hangs.run_script(str(CUSTOM), args, 120)
+
+
+@pytest.mark.timeout(200)
+def test_the_custom_producer_example_serves_two_channels_for_two_epochs() -> None:
+    run = _run_custom([])
+    assert run.returncode == 0, run.output
+    for epoch in (0, 1):
+        for channel in (0, 1):
+            assert f"epoch {epoch}, channel {channel}: 20 batches" in run.output
+    assert "WARNING" not in run.output  # STOP was obeyed: no escalation
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(200)
+def test_the_custom_producers_fetch_loop_fails_in_milliseconds_when_a_backend_worker_dies() -> None:
+    """Its fetch loop polls recv(timeout_ms=100) until the epoch-done flag: without the
+    receiver's watch on the workers, a death leaves the flag down and the loop polling
+    forever."""
+    run = _run_custom(["--kill"])
+    assert run.returncode == 1, run.output
+    m = re.search(r"training stopped ([0-9.]+)s after the kill: backend worker 1 died while "
+                  r"channel \d waited for batch \d+: backend worker 1 \(pid \d+\) was killed "
+                  r"by SIGKILL", run.output)  # fmt: skip
+    assert m, run.output
+    assert float(m.group(1)) < 2.0
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(200)
+def test_the_custom_producers_bring_up_fails_at_its_bound_with_the_stuck_workers_stack() -> None:
+    run = _run_custom(["--hang"])
+    assert run.returncode == 1, run.output
+    m = re.search(r"backend failed to start after ([0-9.]+)s: backend bring-up timed out",
+                  run.output)  # fmt: skip
+    assert m and 10.0 <= float(m.group(1)) < 30.0, run.output
+    assert "never arrived: backend worker 1" in run.output
+    assert "in load_shard_forever" in run.output
+    assert run.survivors == [] and run.leaked_segments == []

@@ -1,5 +1,7 @@
 """healthkit integration for graphlearn-torch: a sampling producer that fails fast instead of
-hanging, with GiGL's pluggable sampler factory and worker loop.
+hanging, with GiGL's pluggable sampler factory and worker loop, on one machine
+(multiprocessing sampling) and in server-client mode (:func:`init_server` and
+``RemoteDistSamplingWorkerOptions``).
 
 Importing this imports torch and graphlearn-torch (``import healthkit`` does not).
 """
@@ -14,9 +16,17 @@ from healthkit_glt._config import (
     TimeoutPlan,
     resolve_timeouts,
 )
+from healthkit_glt._lease import CONNECTION_TIMEOUT_ENV
 from healthkit_glt._loader import DistNeighborLoader
 from healthkit_glt._producer import DistSamplingProducer, SamplingError, SamplingWorkerDiedError
-from healthkit_glt._receive import RingLayoutError
+from healthkit_glt._receive import Receiver, RingLayoutError, open_receiver
+from healthkit_glt._remote_errors import (
+    RemoteSamplingError,
+    SamplingServerLostError,
+    ServerFailure,
+    ServerHello,
+)
+from healthkit_glt._server import DistServer, init_server, wait_and_shutdown_server
 from healthkit_glt._version import __version__ as __version__
 from healthkit_glt._worker import (
     SamplerFactory,
@@ -35,6 +45,7 @@ from healthkit_glt._worker import (
 )
 
 __all__ = [
+    "CONNECTION_TIMEOUT_ENV",
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
     "DEFAULT_RPC_INIT_TIMEOUT_S",
     "RPC_INIT_TIMEOUT_ENV",
@@ -43,12 +54,18 @@ __all__ = [
     "BarrierTimeoutError",
     "DistNeighborLoader",
     "DistSamplingProducer",
+    "DistServer",
+    "Receiver",
+    "RemoteSamplingError",
     "RingLayoutError",
     "SamplerFactory",
     "SamplingError",
+    "SamplingServerLostError",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",
     "SerializedSendChannel",
+    "ServerFailure",
+    "ServerHello",
     "TimeoutPlan",
     "WorkerLoop",
     "create_dist_sampler",
@@ -56,11 +73,14 @@ __all__ = [
     "glt_build",
     "glt_version",
     "init_sampling_worker",
+    "init_server",
     "narrow_rpc_timeout",
+    "open_receiver",
     "pass_init_barrier",
     "report_sampling_error",
     "resolve_timeouts",
     "run_task_loop",
     "start_sampler",
     "teardown_sampling_worker",
+    "wait_and_shutdown_server",
 ]

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.metadata
 import logging
-import os
+import pickle
 from typing import Any
 
 from graphlearn_torch.channel import ChannelBase, ShmChannel
@@ -109,58 +110,109 @@ class _ReleasedQueue:
         )
 
 
+@functools.cache
+def _sem_destroy_leaves_the_semaphore() -> bool:
+    """Whether ``sem_destroy`` leaves a process-shared semaphore's memory as it was (glibc
+    and musl: it is a no-op), checked once per process on a real semaphore.
+
+    :meth:`RingSegment.adopt` drops the channel's creator queue before any worker exists,
+    and GLT's deleter of that queue ``sem_destroy``s every semaphore of the ring, which the
+    workers and the consumer then go on using through their own mappings.
+    """
+    sem = (ctypes.c_uint32 * (SEM_SIZE // 4))()
+    addr = ctypes.addressof(sem)
+    if libc.sem_init(addr, 1, 1) != 0:
+        return False
+    before = bytes(sem)
+    libc.sem_destroy(addr)
+    return bytes(sem) == before
+
+
 class RingSegment:
     """The SysV segment of a GLT ``ShmChannel``, from the producer's ``init()`` to its end.
 
-    Why: GLT removes the segment only in the channel creator's C++ destructor, so a
-    SIGKILLed trainer leaves it in the kernel for good (``ipcs -m``), and a shut-down loader
-    keeps it until the loader object is collected. Here:
+    Why: GLT removes the segment only in the deleter of the channel creator's C++ queue,
+    which runs when the last holder of that queue is gone: the channel, *and every batch
+    still viewing the ring* (CPU batches are zero-copy views). So a SIGKILLed trainer leaves
+    the segment in the kernel for good (``ipcs -m``), and a shut-down loader keeps it until
+    the loader and its last batch are collected. Here :meth:`adopt`, before the workers
+    start, replaces the channel's creator queue by a plain attachment of the same segment
+    (what the workers get too) and drops the creator queue: its deleter detaches and marks
+    the segment for removal (``IPC_RMID``) at once. Linux still lets the workers attach a
+    marked segment, and frees it when its last mapping goes, whoever holds it and however
+    it ends: nothing of ours has to outlive the producer, and no later step can be missed.
 
-    - :meth:`adopt` attaches it once more, read-only (a *keeper* mapping), and marks it for
-      removal (``IPC_RMID``) before the workers start: Linux still lets the workers attach
-      a marked segment, and frees it when its last mapping goes, whoever dies how;
-    - :meth:`release` (the producer's teardown) drops the channel's queue, so GLT's
-      destructor detaches the creator's mapping now, then drops the keeper: the segment is
-      freed at once. The keeper is what makes that safe: GLT's destructor calls
-      ``shmctl(IPC_RMID)`` after its own detach and aborts the process (a C++ ``Check``)
-      if the segment is already gone, so the keeper stays attached until GLT's mapping is
-      gone. When a batch still views the ring (batches are zero-copy on CPU), GLT's
-      destructor waits for that batch; the keeper then stays for the life of the process
-      and the kernel frees the segment at exit.
+    Why not keep the creator queue and a mapping of our own instead (the first design): the
+    creator's deleter calls ``shmctl(IPC_RMID)`` after its detach and aborts the process (a
+    C++ ``Check``) if the segment is already gone, so our mapping had to outlast it; when a
+    batch outlived ``shutdown()``, the deleter ran later, on the batch's last reference, and
+    nothing dropped our mapping afterwards: the segment stayed attached (nattch 1) for the
+    life of the process, one more per failed-and-rebuilt loader.
+
+    :meth:`release` (the producer's teardown) drops the channel's attachment, so the segment
+    is freed as soon as no batch views it.
     """
 
-    def __init__(self, shmid: int, keeper: int) -> None:
+    def __init__(self, shmid: int) -> None:
         self.shmid = shmid
-        self._keeper: int | None = keeper
 
     @classmethod
-    def adopt(cls, channel: ChannelBase) -> RingSegment | None:
+    def adopt(cls, channel: ChannelBase, *, pinned: bool = False) -> RingSegment | None:
+        """Swap ``channel``'s creator queue for an attachment and mark the segment for removal.
+
+        ``pinned``: the channel was pinned (``pin_memory()``, CUDA builds); the new
+        attachment is pinned too. None (and the channel untouched, as stock GLT leaves it)
+        when the channel is not a ``ShmChannel`` or this C library's ``sem_destroy`` is not
+        the no-op the swap needs.
+        """
         shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
         if shmid is None:
             return None
-        addr = libc.shmat(shmid, None, SHM_RDONLY)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            logger.debug("cannot attach channel segment %s: %s", shmid,
-                         os.strerror(ctypes.get_errno()))  # fmt: skip
+        if not _sem_destroy_leaves_the_semaphore():
+            logger.warning(
+                "this C library's sem_destroy changes a semaphore; the channel's segment "
+                "%s is left to graphlearn-torch (it outlives a SIGKILLed trainer)", shmid
+            )  # fmt: skip
             return None
-        if libc.shmctl(shmid, IPC_RMID, None) != 0:
-            libc.shmdt(addr)
+        creator = channel._queue
+        try:
+            attached = pickle.loads(pickle.dumps(creator))  # GLT's own attach by shmid
+        except Exception as e:  # pragma: no cover - GLT's pickling is part of its API
+            logger.debug("cannot attach channel segment %s: %s", shmid, e)
             return None
-        return cls(shmid, addr)
+        channel._queue = attached
+        del creator  # the channel held the only reference: GLT's deleter runs here
+        if _nattch(shmid) is None or _removal_pending(shmid) is not True:
+            logger.debug("channel segment %s was not marked for removal", shmid)
+        if pinned:
+            channel.pin_memory()
+        return cls(shmid)
 
     def release(self, channel: ChannelBase) -> bool:
-        """Release the segment (see the class docstring); True if it is gone now."""
-        if self._keeper is None:
-            return _nattch(self.shmid) is None
+        """Drop the channel's attachment; True if the segment is gone now (False: a batch
+        still views it; the kernel frees it with that batch's last reference)."""
         if channel_shmid(channel) == self.shmid:
             with contextlib.suppress(AttributeError, TypeError):
-                channel._queue = _ReleasedQueue(self.shmid)  # GLT's destructor runs here
-        if _nattch(self.shmid) == 1:  # only the keeper: GLT's mapping is gone
-            libc.shmdt(self._keeper)
-            self._keeper = None
-            return True
-        logger.debug(
-            "channel segment %s is still mapped (a batch views it); it is freed when the last "
-            "view is gone, at the latest when this process exits", self.shmid,
-        )  # fmt: skip
-        return False
+                channel._queue = _ReleasedQueue(self.shmid)  # GLT's deleter detaches here
+        gone = _nattch(self.shmid) is None
+        if not gone:
+            logger.debug(
+                "channel segment %s is still mapped (a batch views it); it is freed with the "
+                "last view", self.shmid,
+            )  # fmt: skip
+        return gone
+
+
+def _removal_pending(shmid: int) -> bool | None:
+    """Whether the segment is marked for removal (``SHM_DEST`` in its mode); None: gone."""
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            header = f.readline().split()
+            col_id, col_perms = header.index("shmid"), header.index("perms")
+            for line in f:
+                fields = line.split()
+                if int(fields[col_id]) == shmid:
+                    return bool(int(fields[col_perms], 8) & 0o1000)
+    except (OSError, ValueError):
+        return None
+    return None

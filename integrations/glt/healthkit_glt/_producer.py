@@ -109,14 +109,23 @@ class SamplingError(HealthkitError, RuntimeError):
     """A sampling worker's sampler raised (a bad seed index, a feature lookup error, an RPC
     error to a peer's partition) while the worker stayed alive.
 
-    ``rank`` is the worker's rank, ``worker_traceback`` the traceback text from the worker,
-    ``raised_at`` the worker's ``time.time()`` at the report. The producer is torn down when
-    this is raised: the epoch cannot complete without that worker's batches.
+    ``rank`` and ``pid`` are the worker's, ``worker_traceback`` the traceback text from the
+    worker, ``raised_at`` the worker's ``time.time()`` at the report. The producer is torn
+    down when this is raised: the epoch cannot complete without that worker's batches.
     """
 
-    def __init__(self, message: str, *, rank: int, worker_traceback: str, raised_at: float) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        worker_traceback: str,
+        raised_at: float,
+        pid: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.rank = rank
+        self.pid = pid
         self.worker_traceback = worker_traceback
         self.raised_at = raised_at
 
@@ -203,6 +212,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._reports_r: Any = None
         self._report_flag: Any = None
         self._segment: RingSegment | None = None
+        self._diagnoser: ExitDiagnoser | None = None
         self._batches_received = 0  # since the last produce_all(), for the error message
         super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
         self.timeouts: TimeoutPlan = resolve_timeouts(
@@ -272,9 +282,15 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             abort_grace=INIT_ABORT_GRACE_S,
         )
         self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
+        # Before the first worker exists, as BoundedBarrier's own: the cgroup OOM counter's
+        # baseline and the kernel-log position predate any worker's death, so an OOM kill
+        # of a worker is confirmed, at init and mid-epoch alike.
+        self._diagnoser = ExitDiagnoser()
         # Marked for removal before the workers attach: gone with its last attacher, even
         # when the trainer is SIGKILLed (see RingSegment).
-        self._segment = RingSegment.adopt(self.output_channel)
+        self._segment = RingSegment.adopt(
+            self.output_channel, pinned=bool(getattr(self.worker_options, "pin_memory", False))
+        )
         self._reports_r, reports_w = self._ctx.Pipe(duplex=False)
         self._report_flag = self._ctx.RawArray("b", 1)
         reports = ErrorReports(reports_w, self._ctx.Lock(), self._report_flag)
@@ -313,7 +329,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             self._workers.append(w)
         reports_w.close()  # each worker has its own copy now
         logger.debug("waiting for %d sampling workers: %s", self.num_workers, plan.describe())
-        bb.wait(self._workers, on_failure=self._teardown_after_init_failure)
+        bb.wait(
+            self._workers, on_failure=self._teardown_after_init_failure, diagnoser=self._diagnoser
+        )
 
     def _teardown_after_init_failure(self, error: BarrierBrokenError) -> None:
         # The barrier diagnosed every worker before calling this, so the exit 0 that torch's
@@ -376,17 +394,22 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._batches_received = 0
         super().produce_all()
 
-    def recv(self) -> Any:
+    def recv(self, timeout_ms: int | None = None) -> Any:
         """The next sample message, or :class:`SamplingWorkerDiedError` within milliseconds
         of a worker's death (never a hang on a dead worker). An alive-but-slow producer is
-        waited for, however long it takes: slowness is not a failure."""
+        waited for, however long it takes: slowness is not a failure.
+
+        ``timeout_ms`` (as ``ShmChannel.recv``'s): raise GLT's ``QueueTimeoutError`` when no
+        message came within it, for a fetch loop that also watches something else (an
+        epoch-done flag, a stop request). ``None`` or 0 waits as long as it takes.
+        """
         if self._failure is not None:
             raise self._failure
         receiver = self._receiver
         if receiver is None or self._shutdown:
             raise RuntimeError("this DistSamplingProducer is not running (init() or shut down)")
         try:
-            msg, ended = receiver.receive()
+            msg, ended = receiver.receive(timeout_ms / 1000 if timeout_ms else None)
         except ErrorReported as report:
             raise self._fail_on_report(report) from None
         if not ended:
@@ -395,14 +418,16 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         raise self._fail(ended)
 
     def _fail_on_report(self, report: ErrorReported) -> SamplingError:
+        pid = self._workers[report.rank].pid if 0 <= report.rank < len(self._workers) else None
         err = SamplingError(
-            f"sampling worker {report.rank} raised while sampling for batch "
+            f"sampling worker {report.rank} (pid {pid}) raised while sampling for batch "
             f"{self._batches_received + 1}: {report.summary or 'see its traceback below'}\n"
             "The worker is alive but its batches will never come; this producer has been "
             "shut down. What to do: fix the error below (seed indexes, features, the peer "
             "named in an RPC error), then build a new loader.\n"
             f"--- sampling worker {report.rank} raised ---\n{report.text.rstrip()}",
             rank=report.rank,
+            pid=pid,
             worker_traceback=report.text,
             raised_at=report.raised_at,
         )
@@ -414,7 +439,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
     def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError:
         receiver = self._receiver
         assert receiver is not None
-        diagnoser = ExitDiagnoser()
+        diagnoser = self._diagnoser or ExitDiagnoser()
         dead = sorted(
             ((receiver.ranks[id(w)], diagnoser.diagnose(w)) for w in ended),
             key=lambda rd: rd[1].observed_at,
@@ -440,17 +465,20 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         return err
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self) -> None:
+    def shutdown(self, stop_timeout: float | None = None) -> None:
         """Stop every worker, in bounded time; idempotent; safe after a failed init.
 
-        STOP, then one shared join of ``stop_timeout``, then SIGTERM and ``kill_timeout``,
-        then SIGKILL and ``kill_timeout``. Watching stops first, so a worker ending during
-        the teardown is never reported as a failure.
+        STOP, then one shared join of ``stop_timeout`` (default: the constructor's), then
+        SIGTERM and ``kill_timeout``, then SIGKILL and ``kill_timeout``. Watching stops
+        first, so a worker ending during the teardown is never reported as a failure.
+        ``stop_timeout=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
+        parked in ``send()`` would never read STOP).
         """
         if getattr(self, "_shutdown", True):
             return
+        grace = self.stop_timeout if stop_timeout is None else float(stop_timeout)
         self._shutdown = True
-        self._teardown(stop_grace=self.stop_timeout, send_stop=True)
+        self._teardown(stop_grace=grace, send_stop=grace > 0)
 
     def _teardown(self, *, stop_grace: float, send_stop: bool, cleanup: bool = True) -> None:
         _live_producers.discard(self)
@@ -458,7 +486,6 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if receiver is not None:
             receiver.stop()
         workers = list(self._workers)
-        alive = workers  # until the stop below says otherwise
         try:
 
             def send_stop_commands() -> None:
@@ -470,7 +497,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             # STOP not obeyed in time is logged at WARNING (the workers then exit 0 through
             # torch's SIGTERM handler, and only that line tells); without STOP (a failure's
             # teardown) SIGTERM after the grace is the plan, not an escalation.
-            report = stop(
+            stop(
                 workers,
                 request=send_stop_commands if send_stop else None,
                 grace=stop_grace,
@@ -479,28 +506,30 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 name="sampling workers",
                 log=logger,
             )
-            alive = [w for w in workers if w.pid in report.survivors]
         finally:
             for q in self._task_queues:
                 with contextlib.suppress(Exception):
                     q.cancel_join_thread()
                     q.close()
-            stuck = receiver is not None and not receiver.close()
+            if receiver is not None:
+                receiver.close()
             if self._reports_r is not None:
                 self._reports_r.close()
                 self._reports_r = None
-            if self._segment is not None and not alive and not stuck:
-                self._segment.release(self.output_channel)
-                self._segment = None
             if cleanup:
                 self._cleanup_files()
 
     def _cleanup_files(self) -> None:
-        if self._segment is not None and not any(w.is_alive() for w in self._workers):
+        # Safe whatever runs still: workers and a stuck receive thread hold mappings of
+        # their own, and the segment is marked for removal (see RingSegment).
+        if self._segment is not None:
             self._segment.release(self.output_channel)
             self._segment = None
         if self._init_barrier is not None:
             self._init_barrier.close()
+        if self._diagnoser is not None:
+            self._diagnoser.close()
+            self._diagnoser = None
         if self._error_dir is not None:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None

@@ -30,9 +30,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import os
 import select
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
@@ -120,8 +122,9 @@ class Receiver(Protocol):
     watches: list[ProcessWatch]
     ranks: dict[int, int]  # id(watch) -> worker rank
 
-    def receive(self) -> tuple[Any, list[ProcessWatch]]:
-        """``(message, [])``, or ``(None, ended watches)`` once a worker has ended."""
+    def receive(self, timeout: float | None = None) -> tuple[Any, list[ProcessWatch]]:
+        """``(message, [])``, or ``(None, ended watches)`` once a worker has ended; raises
+        GLT's ``QueueTimeoutError`` when ``timeout`` seconds pass with neither."""
         ...
 
     def stop(self) -> None:
@@ -291,7 +294,7 @@ class RingReceiver:
             raise
         return cls(channel, workers, addr, blocks, reports, flag)
 
-    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+    def receive(self, timeout: float | None = None) -> tuple[Any, list[ProcessWatch]]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the sampling producer was shut down during a receive")
@@ -300,6 +303,7 @@ class RingReceiver:
                 header, words, sems, poll, recv, flag = self._hot
                 r = header[_READ_BLOCK_ID]
                 sem = sems[r % len(sems)]
+                deadline = None if timeout is None else time.monotonic() + timeout
                 while True:
                     # Each pass is one 1 ms wake, on cold caches: every bytecode here
                     # costs measurable CPU per batch (docs/glt.md, "What it costs"), so
@@ -315,6 +319,8 @@ class RingReceiver:
                             )
                         if ended := self._exits.ended():
                             return None, ended
+                    elif deadline is not None and time.monotonic() >= deadline:
+                        raise QueueTimeoutError()
             finally:
                 self._receiving = False
                 if self._detach_on_return:
@@ -448,10 +454,11 @@ class ThreadReceiver:
             except OSError:
                 return  # closed by close(): the producer is gone
 
-    def receive(self) -> tuple[Any, list[ProcessWatch]]:
+    def receive(self, timeout: float | None = None) -> tuple[Any, list[ProcessWatch]]:
         if not self._pending:
             self._pending = True
             self._requests.release()
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._flag[0]:
                 self._exits.raise_report()
@@ -461,7 +468,13 @@ class ThreadReceiver:
                 if not ok:
                     raise value
                 return value, []
-            self._exits.poll()  # the hand-off, a worker's death or a report
+            if deadline is None:
+                self._exits.poll()  # the hand-off, a worker's death or a report
+            else:
+                left_ms = math.ceil((deadline - time.monotonic()) * 1000)
+                # On timeout the request stays pending: the next receive takes its result.
+                if left_ms <= 0 or not self._exits.poll(left_ms):
+                    raise QueueTimeoutError()
             if ended := self._exits.ended():
                 return None, ended
 

@@ -1,0 +1,669 @@
+"""Server-client fault scenarios: a GLT sampling server and its clients as separate
+processes on this machine, with real GLT RPC (as GLT's own ``test_dist_neighbor_loader``
+server-client cases run them), each scenario a script run in its own process group.
+
+    H=".venv-glt/bin/python tests/glt/glt_server_scenarios.py"
+    $H faults hk       # healthkit_glt server and clients: every fault below, one run
+    $H faults stock    # the same with stock GLT (bounded: each hang watched for HANG_S)
+    $H network-loss    # healthkit_glt; needs root (a private network namespace)
+    $H network-loss stock
+    $H sampler-error stock   # the server's features cover half the nodes
+    $H healthy hk 3    # three epochs, nothing fails (the overhead benchmark's run)
+    $H healthy hk 2 healthy,healthy-stock   # a stock GLT client of the same server too
+    $H healthy stock 2 healthy,healthy-hk   # a healthkit_glt client of a stock server
+
+``faults``: one server and three clients, each with its own worker key (so its own
+producer on the server) and its own sampling RPC port:
+
+- client ``a``: a full epoch, then mid-epoch the driver SIGKILLs sampling worker 1 of its
+  producer on the server while its fetch waits there (its sampler is slowed so that one
+  always does); it then shuts its loader down and, once client ``b`` is gone, builds a new
+  one and runs a full epoch; mid-epoch again, the driver SIGKILLs the server;
+- client ``b``: epochs with a slow consumer, until the driver SIGKILLs it (after ``a``'s
+  failure: the server kept serving it); its producer's workers must then go;
+- client ``c``: its producer's sampler raises in worker 1 (hk), or it is a healthy
+  consumer that sees the server die (stock);
+- client ``d``, before any fault: two epochs through the *other* kind of loader (a stock GLT
+  loader of the healthkit_glt server; a healthkit_glt loader of the stock server, which
+  falls back to GLT's behaviour), then its loader's shutdown.
+
+Times are ``time.monotonic()`` values (CLOCK_MONOTONIC, one clock for every process here).
+Every process prints ``RESULT {json}`` lines only through the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glt_fixtures as fx
+import glt_procs as procs
+import glt_stock_hangs as stock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# How long a stock hang is watched before it is called one (the benchmark watches longer).
+HANG_S = float(os.environ.get("HK_TEST_HANG_S", "5"))
+READY_S = 180.0  # start-up of a server and its clients, at most (2 cores, shared)
+SLOW_SAMPLE_S = 0.15  # client a's sampler: per batch, so its fetches wait on the server
+CONNECTION_TIMEOUT_S = 4.0  # the leases' keepalive bound in the network-loss scenario
+
+
+def _log_setup() -> None:
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(process)d %(levelname)s %(name)s: %(message)s")  # fmt: skip
+
+
+# --- pieces that run in the server and its sampling workers --------------------------------
+
+
+def seed_repeats() -> int:
+    """How many times an epoch covers the graph's nodes (``$HK_TEST_SEED_REPEATS``, 1)."""
+    return int(os.environ.get("HK_TEST_SEED_REPEATS", "1"))
+
+
+def server_dataset(featured: int = fx.NUM_NODES) -> Any:
+    """The test graph, every node a training seed (``Split.train``), ``seed_repeats()``
+    times (the benchmark's longer epochs)."""
+    import torch
+
+    dataset = fx.build_dataset()
+    if featured != fx.NUM_NODES:
+        dataset.init_node_features(torch.randn(featured, fx.FEATURE_DIM), with_gpu=False)
+    empty = torch.empty(0, dtype=torch.long)
+    dataset.init_node_split((torch.arange(fx.NUM_NODES).repeat(seed_repeats()), empty, empty))
+    return dataset
+
+
+def job_cpu_s(server_pid: int) -> float:
+    """User + system CPU seconds, every thread, of this client and of the server with every
+    process below it (its sampling workers), from ``/proc/<pid>/stat``."""
+    from healthkit.lowlevel import descendants
+
+    total = 0
+    for pid in (os.getpid(), server_pid, *descendants(server_pid)):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # ended between the listing and the read
+        total += int(fields[11]) + int(fields[12])  # utime and stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def slow_sampler_factory(*, delay: float, **kwargs: Any) -> Any:
+    """GLT's sampler, each batch issued ``delay`` s late (a fetch then waits on the server)."""
+    import healthkit_glt as hg
+
+    sampler = hg.create_dist_sampler(**kwargs)
+    sample = sampler.sample_from_nodes
+
+    def slow(*args: Any, **kw: Any) -> Any:
+        time.sleep(delay)
+        return sample(*args, **kw)
+
+    sampler.sample_from_nodes = slow
+    return sampler
+
+
+def worker_pids_of(worker_key: str) -> list[int]:
+    """Runs on the server (a client's RPC): the pids of the producer serving a key."""
+    from graphlearn_torch.distributed.dist_server import get_server
+
+    server = get_server()
+    producer_id = server._worker_key2producer_id.get(worker_key)
+    producer = server._producer_pool.get(producer_id)
+    return [] if producer is None else [w.pid for w in producer._workers]
+
+
+def server_main(mode: str, port: int, num_clients: int, out: Any, featured: int) -> None:
+    """A server until SIGTERM: then its own bounded shutdown, a non-graceful RPC shutdown
+    (its clients may be dead), exit 0."""
+    _log_setup()
+    import graphlearn_torch as glt
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    kwargs = dict(num_servers=1, server_rank=0, dataset=server_dataset(featured),
+                  master_addr="127.0.0.1", master_port=port, num_clients=num_clients,
+                  request_timeout=30, num_rpc_threads=8)  # fmt: skip
+    if mode == "hk":
+        import healthkit_glt as hg
+
+        ct = float(os.environ.get("HK_TEST_CONNECTION_TIMEOUT", "0")) or None
+        hg.init_server(**kwargs, connection_timeout=ct)
+    else:
+        glt.distributed.init_server(**kwargs)
+    out.put(("server", os.getpid(), time.monotonic()))
+    server = glt.distributed.get_server()
+    while not stop.wait(0.2):
+        if server._exit:  # client 0's shutdown_client(): GLT's own way out
+            glt.distributed.wait_and_shutdown_server()
+            out.put(("server-stopped", os.getpid(), 0.0))
+            return
+    t = time.monotonic()
+    server.shutdown()
+    glt.distributed.rpc.shutdown_rpc(graceful=False)
+    out.put(("server-stopped", os.getpid(), time.monotonic() - t))
+
+
+# --- clients -------------------------------------------------------------------------------
+
+
+def _loader(mode: str, key: str, sampling_port: int, num_workers: int, **kwargs: Any) -> Any:
+    import graphlearn_torch as glt
+    import torch
+
+    prefetch = int(os.environ.get("HK_TEST_PREFETCH", "0")) or min(2, num_workers)
+    capacity = int(os.environ.get("HK_TEST_BUFFER_CAPACITY", "0"))
+    options = glt.distributed.RemoteDistSamplingWorkerOptions(
+        server_rank=0, num_workers=num_workers, worker_devices=[torch.device("cpu")] * num_workers,
+        worker_concurrency=1, master_addr="127.0.0.1", master_port=sampling_port,
+        rpc_timeout=30, num_rpc_threads=1, prefetch_size=min(prefetch, num_workers),
+        worker_key=key,
+    )  # fmt: skip
+    if capacity:  # both loaders alike: one epoch's batches rule stock's writer stall out
+        options.buffer_capacity = capacity
+        options.prefetch_size = prefetch
+    if mode == "hk":
+        import healthkit_glt as hg
+
+        cls: Any = hg.DistNeighborLoader
+    else:
+        cls = glt.distributed.DistNeighborLoader
+        kwargs = {}
+    return cls(None, list(fx.NUM_NEIGHBORS), glt.typing.Split.train, batch_size=fx.BATCH_SIZE,
+               shuffle=True, collect_features=True, to_device=torch.device("cpu"),
+               worker_options=options, **kwargs)  # fmt: skip
+
+
+def _epoch(
+    loader: Any, delay: float = 0.0, report: Any = None, server_pid: int | None = None
+) -> dict[str, Any]:
+    """One epoch; ``report(n)`` after each batch. With ``server_pid``, the CPU time of the
+    whole job (this client, the server and its workers) over the epoch too."""
+    import torch
+
+    seeds: list[Any] = []
+    n = 0
+    cpu = job_cpu_s(server_pid) if server_pid else 0.0
+    t = time.monotonic()
+    for batch in loader:
+        n += 1
+        seeds.append(batch.batch.clone())
+        del batch
+        if report is not None:
+            report(n)
+        time.sleep(delay)
+    wall = time.monotonic() - t
+    got = torch.sort(torch.cat(seeds)).values if seeds else torch.empty(0, dtype=torch.long)
+    every = torch.arange(fx.NUM_NODES)
+    out = {"batches": n, "seconds": wall,
+           "every_seed_seen": bool(torch.equal(torch.unique(got), every))}  # fmt: skip
+    if seed_repeats() == 1:  # with repeats, GLT merges a seed that repeats within a batch
+        out["every_seed_once"] = bool(torch.equal(got, every))
+    if server_pid:
+        out["cpu_s"] = job_cpu_s(server_pid) - cpu
+    return out
+
+
+def _error(e: BaseException) -> dict[str, Any]:
+    d = getattr(e, "diagnosis", None)
+    return {
+        "at": time.monotonic(), "type": type(e).__name__,
+        "mro": [c.__name__ for c in type(e).__mro__], "message": str(e),
+        "kind": getattr(e, "kind", None), "server_rank": getattr(e, "server_rank", None),
+        "host": getattr(e, "host", None), "server_pid": getattr(e, "server_pid", None),
+        "worker_rank": getattr(e, "worker_rank", None), "pid": getattr(e, "pid", None),
+        "cause": d.cause.name if d is not None else None,
+        "signal": d.signal.name if d is not None and d.signal else None,
+        "worker_traceback": getattr(e, "worker_traceback", None),
+        "after_raise_s": time.time() - e.raised_at if getattr(e, "raised_at", None) else None,
+    }  # fmt: skip
+
+
+def _until_error(
+    loader: Any, out: Any, name: str, tag: str, delay: float = 0.0
+) -> dict[str, Any]:
+    """Epochs until an error; ``(name, tag, t)`` reported after the second batch of each."""
+
+    def report(n: int) -> None:
+        if n == 2:
+            out.put((name, tag, time.monotonic()))
+
+    try:
+        while True:
+            out.put((name, "epoch", _epoch(loader, delay, report)))
+    except Exception as e:
+        return _error(e)
+
+
+def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sampling_port: int,
+                out: Any, go: Any) -> None:  # fmt: skip
+    """One client; ``role`` is ``a``, ``b``, ``c`` (module docstring), ``solo`` (epochs
+    until an error) or ``healthy`` / ``healthy-stock`` / ``healthy-hk`` (``$HK_TEST_EPOCHS``
+    epochs through a loader of the job's mode / stock GLT's / healthkit_glt's, then GLT's
+    ``shutdown_client()``)."""
+    _log_setup()
+    if role == "healthy-stock":
+        mode = "stock"
+    elif role == "healthy-hk":
+        mode = "hk"
+    elif role == "d":  # the other kind of loader than the server's
+        mode = "stock" if mode == "hk" else "hk"
+    import graphlearn_torch as glt
+    from torch.distributed import rpc
+
+    glt.distributed.init_client(num_servers=1, num_clients=num_clients, client_rank=rank,
+                                master_addr="127.0.0.1", master_port=port,
+                                num_rpc_threads=4)  # fmt: skip
+    kwargs: dict[str, Any] = {}
+    workers = 1 if role in ("b", "d") else 2
+    if role == "a":
+        kwargs["sampler_factory"] = functools.partial(slow_sampler_factory, delay=SLOW_SAMPLE_S)
+        kwargs["fetch_wait"] = 0.1  # the server answers "not yet" often: that path too
+    if role == "c" and mode == "hk":
+        import glt_scenarios
+
+        kwargs["sampler_factory"] = functools.partial(
+            glt_scenarios._raising_sampler_factory, raise_in="_sample_from_nodes"
+        )
+    ct = float(os.environ.get("HK_TEST_CONNECTION_TIMEOUT", "0")) or None
+    if ct and mode == "hk":
+        kwargs["connection_timeout"] = ct
+    key = role
+    loader = _loader(mode, key, sampling_port, workers, **kwargs)
+    server = glt.distributed.rpc.get_rpc_worker_names()[glt.distributed.DistRole.SERVER][0]
+    out.put((role, "ready", os.getpid(), rpc.rpc_sync(server, worker_pids_of, args=(key,))))
+    if role == "a":
+        out.put((role, "epoch", _epoch(loader)))
+        out.put((role, "error", _until_error(loader, out, role, "mid-epoch")))
+        loader.shutdown()
+        go.wait()  # the driver has killed client b
+        loader = _loader(mode, key, sampling_port, workers, **kwargs)
+        out.put((role, "rebuilt", rpc.rpc_sync(server, worker_pids_of, args=(key,))))
+        out.put((role, "epoch", _epoch(loader)))
+        out.put((role, "lost", _until_error(loader, out, role, "mid-epoch-2")))
+    elif role == "b":
+        while True:
+            out.put((role, "epoch", _epoch(loader, delay=0.05)))
+    elif role == "c":
+        # a slow consumer: a server SIGKILLed 0.3 s after batch 2 lands mid-epoch (stock)
+        out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
+    elif role == "solo":
+        out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
+    elif role == "d":
+        for _ in range(2):
+            out.put((role, "epoch", _epoch(loader)))
+        loader.shutdown()
+        out.put((role, "done", os.getpid()))
+        while True:  # idle until the driver ends it (shutdown_client() would meet the others)
+            time.sleep(3600)
+    elif role in ("healthy", "healthy-stock", "healthy-hk"):
+        measure = os.environ.get("HK_TEST_CPU") == "1"
+        server_pid = rpc.rpc_sync(server, os.getpid) if measure else None
+        for _ in range(int(os.environ.get("HK_TEST_EPOCHS", "3"))):
+            out.put((role, "epoch", _epoch(loader, server_pid=server_pid)))
+        t = time.monotonic()
+        loader.shutdown()
+        out.put((role, "shutdown", time.monotonic() - t))
+        glt.distributed.shutdown_client()  # GLT's own way out: the server exits too
+        out.put((role, "exit", os.getpid()))
+        return
+    t = time.monotonic()
+    loader.shutdown()
+    out.put((role, "shutdown", time.monotonic() - t))
+    glt.distributed.rpc.shutdown_rpc(graceful=False)
+    out.put((role, "exit", os.getpid()))
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+def _say(msg: str) -> None:
+    print(f"[driver {time.monotonic():.3f}] {msg}", flush=True)
+
+
+def _result(**fields: Any) -> None:
+    print("RESULT " + json.dumps(fields, default=str), flush=True)
+
+
+class Job:
+    """A server and its clients, spawned from this driver; ``events`` collects their
+    reports as ``(who, what, value...)`` tuples."""
+
+    def __init__(self, mode: str, roles: Sequence[str], featured: int = fx.NUM_NODES) -> None:
+        import multiprocessing as mp
+
+        import glt_server_scenarios as roles_module  # picklable targets for spawn
+
+        self.ctx = mp.get_context("spawn")
+        self.out = self.ctx.Queue()
+        self.go = self.ctx.Event()
+        self.events: list[tuple[Any, ...]] = []
+        port = fx.free_port()
+        self.server = self.ctx.Process(
+            target=roles_module.server_main, args=(mode, port, len(roles), self.out, featured),
+            name="server",
+        )  # fmt: skip
+        self.server.start()
+        self.clients = {}
+        for rank, role in enumerate(roles):
+            p = self.ctx.Process(
+                target=roles_module.client_main,
+                args=(mode, role, rank, len(roles), port, fx.free_port(), self.out, self.go),
+                name=f"client {role}",
+            )  # fmt: skip
+            p.start()
+            self.clients[role] = p
+        self.server_pid = self.server.pid
+        self.removed_segments: list[int] = []
+
+    def wait_for(
+        self, who: str, what: str, timeout: float, after: int = 0
+    ) -> tuple[Any, ...] | None:
+        """The ``after + 1``-th event ``(who, what, ...)``, seen before or arriving within
+        ``timeout``; None if it did not come."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = [e for e in self.events if e[0] == who and e[1] == what]
+            if len(seen) > after:
+                return seen[after]
+            left = deadline - time.monotonic()
+            proc = self.clients.get(who) or (self.server if who == "server" else None)
+            if proc is not None and not proc.is_alive() and self.out.empty():
+                left = min(left, 0.5)  # it ended: take its last reports, then give up
+            if left <= 0:
+                return None
+            try:
+                e = self.out.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if e[0] == "server":
+                e = ("server", "up", *e[1:])
+            elif e[0] == "server-stopped":
+                e = ("server", "stopped", *e[1:])
+            self.events.append(e)
+            _say(f"event {str(e)[:300]}")
+
+    def all(self, who: str, what: str) -> list[tuple[Any, ...]]:
+        self.wait_for("", "", 0)  # take what has arrived
+        return [e for e in self.events if e[0] == who and e[1] == what]
+
+    def stop_all(self, orphans: Sequence[int] = (), graceful: bool = True) -> None:
+        """End every process of the job: clients at once, the server by its SIGTERM (its
+        own bounded shutdown; with ``graceful=False``, SIGKILL: a stock server's shutdown
+        joins each worker 5 s), then whatever of its workers is left, by pid."""
+        from healthkit import stop
+
+        workers = list(orphans) + procs.spawned_worker_pids(self.server_pid)
+        term = 5.0 if graceful else 0.0
+        stop(list(self.clients.values()), term_timeout=term, kill_timeout=5.0, name="clients")
+
+        def sigterm() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.server_pid, signal.SIGTERM)
+
+        stop([self.server], request=sigterm if graceful else None, grace=30.0 if graceful
+             else 0.0, term_timeout=term, kill_timeout=5.0, name="server")  # fmt: skip
+        stop([p for p in workers if procs.alive(p)], term_timeout=0, kill_timeout=5.0,
+             name="server workers")  # fmt: skip
+        # A stock server that was SIGKILLed leaves its rings in the kernel for good; the
+        # runner cannot see them (the server is gone from the group by then): remove them.
+        self.removed_segments = procs.remove_orphan_sysv_shm([self.server_pid, *workers])
+        self.wait_for("", "", 0.5)  # the last reports
+        self.out.cancel_join_thread()
+
+
+def _gone_within(
+    pids: Sequence[int], timeout: float, since: float | None = None
+) -> tuple[float | None, list[int]]:
+    """Seconds from ``since`` (default: now) until every pid was gone (None if some
+    outlived ``timeout`` from now), and the survivors."""
+    t = time.monotonic()
+    since = t if since is None else since
+    while time.monotonic() - t < timeout:
+        if not any(procs.alive(p) for p in pids):
+            return time.monotonic() - since, []
+        time.sleep(0.005)
+    return None, [p for p in pids if procs.alive(p)]
+
+
+def _segments(pids: Sequence[int]) -> list[dict[str, str]]:
+    return [r for r in procs.sysv_shm_rows() if int(r["cpid"]) in pids]
+
+
+def _outcome(e: tuple[Any, ...] | None, since: float, key: str) -> dict[str, Any]:
+    """A client's error report, with the time from the fault to it; ``hung`` without one."""
+    if e is None or e[2] is None:
+        return {"hung": True}
+    return {"hung": False, key: e[2]["at"] - since, **e[2]}
+
+
+def scenario_faults(mode: str) -> None:
+    """Every fault of the module docstring: one server, four clients."""
+    _log_setup()
+    hk = mode == "hk"
+    error_s = 30.0 if hk else HANG_S  # hk: a generous bound; stock: how long we watch
+    job = Job(mode, ["a", "b", "c", "d"])
+    res: dict[str, Any] = {"mode": mode, "server_pid": job.server_pid}
+    orphans: list[int] = []
+    try:
+        pids: dict[str, list[int]] = {}
+        for role in ("a", "b", "c", "d"):
+            ready = job.wait_for(role, "ready", READY_S)
+            if ready is None:
+                res["error"] = f"client {role} not ready within {READY_S:g}s"
+                return
+            pids[role] = ready[3]
+        res["worker_pids"] = pids
+        # 0. the other kind of loader, served before anything fails
+        done = job.wait_for("d", "done", READY_S)
+        res["mixed"] = {"done": done is not None,
+                        "epochs": [e[2] for e in job.all("d", "epoch")]}  # fmt: skip
+        # 1. a sampling worker of a's producer dies while a's fetch waits on the server
+        first = job.wait_for("a", "epoch", READY_S)
+        res["a_first_epoch"] = first[2] if first else None
+        if job.wait_for("a", "mid-epoch", 60) is None:
+            res["error"] = "client a never got mid-epoch"
+            return
+        time.sleep(0.3)
+        victim = pids["a"][1]
+        b_epochs = len(job.all("b", "epoch"))
+        os.kill(victim, signal.SIGKILL)
+        killed_a = time.monotonic()
+        _say(f"SIGKILLed sampling worker 1 (pid {victim}) of client a's producer")
+        # stock: a's hang is watched while b's fault runs (both for HANG_S)
+        error_a = job.wait_for("a", "error", error_s if hk else 0)
+        # 2. the server still serves b (a new epoch of b after a's failure); then b dies
+        after = job.wait_for("b", "epoch", 60, after=b_epochs)
+        res["b_epoch_after_a_failed"] = after[2] if after else None
+        time.sleep(0.5)  # b is mid-epoch (its consumer takes 0.05 s a batch)
+        os.kill(job.clients["b"].pid, signal.SIGKILL)
+        _say(f"SIGKILLed client b (pid {job.clients['b'].pid})")
+        gone, survivors = _gone_within(pids["b"], error_s)
+        res["client_kill"] = {"workers_gone_after_s": gone, "survivors": survivors}
+        orphans += survivors
+        if error_a is None:
+            error_a = job.wait_for("a", "error", max(0.0, killed_a + error_s - time.monotonic()))
+        res["worker_kill"] = {"victim": victim, **_outcome(error_a, killed_a, "after_kill_s")}
+        if hk:
+            # 3. c's sampler raised in worker 1 of its producer
+            e = job.wait_for("c", "error", 60)
+            res["sampler_error"] = e[2] if e else None
+            # 4. a rebuilds once b is gone: the server still serves, with a new producer
+            job.go.set()
+            rebuilt = job.wait_for("a", "rebuilt", 120)
+            res["a_rebuilt_workers"] = rebuilt[2] if rebuilt else None
+            epoch = job.wait_for("a", "epoch", 120, after=1)
+            res["a_rebuilt_epoch"] = epoch[2] if epoch else None
+            observer, tag, what, seen = "a", "mid-epoch-2", "lost", 0
+        else:  # c is a healthy consumer; the server dies in one of its epochs
+            observer, tag, what = "c", "mid-epoch", "error"
+            seen = len(job.all("c", "mid-epoch"))
+        if job.wait_for(observer, tag, 120, after=seen) is None:
+            res["error"] = f"client {observer} never got {tag}"
+            return
+        # 5. the server dies while the observer's fetch waits on it
+        server_workers = procs.spawned_worker_pids(job.server_pid)
+        res["server_segments_before_kill"] = len(_segments([job.server_pid]))
+        time.sleep(0.3)
+        os.kill(job.server_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _say(f"SIGKILLed the server (pid {job.server_pid}); its workers {server_workers}")
+        outcome = _outcome(job.wait_for(observer, what, error_s), killed, "after_kill_s")
+        gone, survivors = _gone_within(server_workers, 10.0 if hk else 1.0)
+        orphans += survivors
+        res["server_kill"] = {"observer": observer, "server_workers": server_workers,
+                              "workers_gone_after_s": gone, "survivors": survivors,
+                              **outcome}  # fmt: skip
+        if hk:
+            res["client_exits"] = {r: job.wait_for(r, "exit", 30) is not None for r in "ac"}
+        settle = time.monotonic() + 5
+        while _segments([job.server_pid, *server_workers]) and time.monotonic() < settle:
+            time.sleep(0.05)
+        res["segments_left"] = len(_segments([job.server_pid, *server_workers]))
+    finally:
+        job.stop_all(orphans, graceful=hk)
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        res["events"] = [str(e)[:200] for e in job.events]
+        _result(**res)
+
+
+def scenario_network_loss(mode: str = "hk") -> None:
+    """The network between a client and its server goes (this network namespace's loopback
+    is taken down): healthkit_glt's sides must learn it from their leases; stock GLT's are
+    watched for as long."""
+    _log_setup()
+    os.environ["HK_TEST_CONNECTION_TIMEOUT"] = str(CONNECTION_TIMEOUT_S)
+    job = Job(mode, ["solo"])
+    res: dict[str, Any] = {"mode": mode, "connection_timeout": CONNECTION_TIMEOUT_S}
+    bound = 3 * CONNECTION_TIMEOUT_S + 10
+    try:
+        ready = job.wait_for("solo", "ready", READY_S)
+        if ready is None or job.wait_for("solo", "mid-epoch", 60, after=1) is None:
+            res["error"] = "the client never got to its second epoch"
+            return
+        res["first_epoch"] = (job.wait_for("solo", "epoch", 0) or (0, 0, None))[2]
+        subprocess.run(["ip", "link", "set", "lo", "down"], check=True)
+        lost = time.monotonic()
+        _say("took this namespace's loopback down")
+        outcome = _outcome(job.wait_for("solo", "lost", bound), lost, "after_loss_s")
+        gone, survivors = _gone_within(ready[3], bound, since=lost)
+        res["network_loss"] = {"workers": ready[3], "workers_gone_after_s": gone,
+                               "survivors": survivors, **outcome}  # fmt: skip
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        res["client_exit"] = job.wait_for("solo", "exit", 30) is not None
+        res["server_segments"] = len(_segments([job.server_pid]))
+    finally:
+        job.stop_all(graceful=mode == "hk")
+        res["server_stopped"] = bool(job.all("server", "stopped"))
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        res["events"] = [str(e)[:200] for e in job.events]
+        _result(**res)
+
+
+def scenario_sampler_error(mode: str) -> None:
+    """The server's node features cover half the nodes: a real GLT feature lookup raises in
+    a live sampling worker (healthkit_glt: the client's error; stock: watched ``HANG_S``)."""
+    _log_setup()
+    job = Job(mode, ["solo"], featured=fx.NUM_NODES // 2)
+    res: dict[str, Any] = {"mode": mode}
+    try:
+        if job.wait_for("solo", "ready", READY_S) is None:
+            res["error"] = "the client never got ready"
+            return
+        ready = time.monotonic()
+        e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
+        res["sampler_error"] = _outcome(e, ready, "after_ready_s")
+    finally:
+        job.stop_all(graceful=mode == "hk")
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        _result(**res)
+
+
+def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> None:
+    """Nothing fails: each client (``healthy``: a loader of ``mode``; ``healthy-stock``: a
+    stock GLT loader) runs ``epochs`` epochs, then GLT's own way out (the clients'
+    ``shutdown_client()``, the server's ``wait_and_shutdown_server()``)."""
+    _log_setup()
+    os.environ["HK_TEST_EPOCHS"] = str(epochs)
+    roles = clients.split(",")
+    job = Job(mode, roles)
+    res: dict[str, Any] = {"mode": mode, "server_pid": job.server_pid, "clients": {}}
+    try:
+        workers: list[int] = []
+        for role in roles:
+            ready = job.wait_for(role, "ready", READY_S)
+            workers += ready[3] if ready else []
+            exited = job.wait_for(role, "exit", READY_S)
+            shut = job.wait_for(role, "shutdown", 0)
+            job.clients[role].join(30)
+            res["clients"][role] = {
+                "ready": ready is not None, "exit": exited is not None,
+                "epochs": [e[2] for e in job.all(role, "epoch")],
+                "loader_shutdown_s": shut[2] if shut else None,
+                "exitcode": job.clients[role].exitcode,
+            }  # fmt: skip
+        res["server_stopped"] = job.wait_for("server", "stopped", 60) is not None
+        job.server.join(30)
+        res["server_exitcode"] = job.server.exitcode
+        res["segments_left"] = len(_segments([job.server_pid]))
+        res["workers_left"] = [p for p in workers if procs.alive(p)]
+    finally:
+        job.stop_all()
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        _result(**res)
+
+
+SCENARIOS = {
+    "faults": lambda a: scenario_faults(*a),
+    "network-loss": lambda a: scenario_network_loss(*a),
+    "sampler-error": lambda a: scenario_sampler_error(*a),
+    "healthy": lambda a: scenario_healthy(a[0], *(int(x) for x in a[1:2]), *a[2:]),
+}
+
+
+def run(name: str, args: Sequence[str] = (), timeout: float = 300.0, netns: bool = False,
+        env: dict[str, str] | None = None) -> stock.Run:  # fmt: skip
+    """Run a scenario in its own process group (and, with ``netns``, its own network
+    namespace with only a loopback, up), killed as a group at ``timeout``."""
+    prefix = None
+    if netns:
+        prefix = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
+    return stock.run_script(os.path.abspath(__file__), [name, *args], timeout, extra_env=env,
+                            prefix=prefix)  # fmt: skip
+
+
+def netns_available() -> str | None:
+    """None if a private network namespace can be made here, else why not."""
+    try:
+        r = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] not in SCENARIOS:
+        print(f"usage: glt_server_scenarios.py {{{','.join(SCENARIOS)}}} [args]")
+        return 2
+    SCENARIOS[argv[0]](list(argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main(sys.argv[1:]))
