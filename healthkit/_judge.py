@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import attrs
 
-from healthkit._decide import Decision, OnCleanExit, Verdict, decide
+from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
 from healthkit._diagnosis import Diagnosis, returned_early
 from healthkit._proc import read_proc_stat
 from healthkit._stopsignals import StopEpisode
@@ -118,7 +118,9 @@ class Judge:
             armed=self.armed(),
             on_clean_exit=record.on_clean_exit,
             stopped_by_healthkit=self.stopped_by_healthkit(record),
-            stop=self.episode(now) if status is not None else None,
+            # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is
+            # decided without reading the owner's signal state.
+            stop=self.episode(now) if status is not None and stop_like(status) else None,
             stop_grace=self.stop_grace,
             now=now,
             same_group=record.pgrp is None or record.pgrp == self.owner_pgrp,

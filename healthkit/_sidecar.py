@@ -284,6 +284,7 @@ class _Sidecar:
         self.diagnoser: ExitDiagnoser | None = None
         self.owner: ProcessWatch | None = None
         self.judge: Judge | None = None
+        self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
 
     # ---- messages
@@ -384,15 +385,20 @@ class _Sidecar:
 
     # ---- what the sidecar knows of its owner
     def episode(self, now: float) -> StopEpisode | None:
-        """The owner's stop episode at ``now``: a stop signal still pending for it, a stop
-        byte it has not read yet (its GIL may be held), and what it reported. Looked at in the
-        order a signal lives (queued, delivered, read and reported before its byte is
-        consumed), so a signal that moves on between two looks is caught by the next."""
+        """The owner's stop episode at ``now``: a stop signal still pending for it, one whose
+        handler is running in it, a stop byte it has not read yet (its GIL may be held), and
+        what it reported. Looked at in the order a signal lives (queued, taken, delivered,
+        read and reported before its byte is consumed), so a signal that moves on between two
+        looks is caught by the next."""
         assert self.owner is not None
         history: list[Signal] = []
         pending = _stopsignals.pending_stop(self.owner.pid)
         if pending is not None:
             history.append((pending, now, "pending"))
+        elif self.handlers is not None:
+            handled = self.handlers.handling()
+            if handled is not None:
+                history.append((handled, now, "handling"))
         if self.peek is not None:
             try:
                 unread = self.peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -513,6 +519,8 @@ class _Sidecar:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:
             return 0
+        self.handlers = _stopsignals.HandlerWatch(self.owner.pid)
+        self.handlers.learn()  # the owner waits in arm() for "ready": no handler is running
         self.diagnoser = ExitDiagnoser()
         self.judge = Judge(
             name=self.config["name"] + " (sidecar)",

@@ -23,10 +23,18 @@ Two traces of a stop signal, both read when a death is judged:
   is visible to it, and no two readers race for a byte.
 * **Pending.** A signal the kernel has queued but no thread has taken yet (the main thread in an
   uninterruptible read from a slow NFS/FUSE file, the signal blocked) is in
-  ``/proc/<pid>/status`` (``ShdPnd``/``SigPnd``). ``killpg`` queues the signal on every member
-  of the group before any of them can exit (the exit takes the tasklist lock that ``killpg``
-  holds), so when a helper's death is seen, the owner's share of the same group signal is
-  already pending or delivered: recognising a group stop never needs a wait.
+  ``/proc/<pid>/status`` (``ShdPnd``/``SigPnd``).
+* **Being handled.** Between the moment a thread takes a signal (it is no longer pending) and
+  the moment the C handler has written its byte, the thread can be preempted (on a loaded
+  machine, for milliseconds). While the handler runs, the kernel blocks that signal in the
+  thread: a stop signal in a thread's ``SigBlk`` that the thread does not usually block is a
+  stop being delivered right now (:class:`HandlerWatch`).
+
+``killpg`` queues the signal on every member of the group before any of them can exit (the
+exit takes the tasklist lock that ``killpg`` holds), so when a helper's death is seen, the
+owner's share of the same group signal is already pending, being handled or delivered; read in
+that order, a signal that moves on between two looks is caught by the next, and recognising a
+group stop never needs a wait.
 
 The application keeps its wakeup fd. ``signal.set_wakeup_fd`` is replaced, at the first
 ``install()``, by a function with the same contract (main thread only, returns the previous
@@ -57,10 +65,11 @@ from typing import Final, Literal
 
 import attrs
 
-from healthkit._proc import read_pending_signals
+from healthkit._proc import read_blocked_signals, read_pending_signals
 
 __all__ = [
     "STOP_SIGNALS",
+    "HandlerWatch",
     "StopEpisode",
     "current_episode",
     "episode",
@@ -75,8 +84,9 @@ __all__ = [
 STOP_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 #: How a stop signal was seen: delivered (the wakeup fd), pending (``/proc``, not yet taken
-#: by any thread), or noted by the application (:func:`note_stop`).
-Seen = Literal["delivered", "pending", "noted"]
+#: by any thread), being handled (taken, its handler still running), or noted by the
+#: application (:func:`note_stop`).
+Seen = Literal["delivered", "pending", "handling", "noted"]
 
 _HISTORY = 64  # stop signals remembered; an episode never needs more than the last few
 
@@ -94,7 +104,12 @@ class StopEpisode:
     seen: Seen
 
     def describe(self, now: float) -> str:
-        how = {"delivered": "received", "pending": "pending", "noted": "noted"}[self.seen]
+        how = {
+            "delivered": "received",
+            "pending": "pending",
+            "handling": "being handled",
+            "noted": "noted",
+        }[self.seen]
         return f"{self.signal.name} {how} {max(0.0, now - self.began):.2f}s ago"
 
 
@@ -131,6 +146,39 @@ def pending_stop(pid: int) -> signal.Signals | None:
     return None
 
 
+class HandlerWatch:
+    """Sees a stop signal of process ``pid`` while one of its threads runs its handler.
+
+    A thread's usual mask is the one it had when first seen (:meth:`learn` at arm time sees
+    the main thread before any stop); a stop signal blocked beyond it means a handler for it
+    is running. A thread that blocks a stop signal for a while on purpose looks the same:
+    a death seen then is deferred by the stop grace, never dropped.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._usual: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def learn(self) -> None:
+        self.handling()
+
+    def handling(self) -> signal.Signals | None:
+        masks = read_blocked_signals(self.pid)
+        if masks is None:
+            return None
+        with self._lock:
+            usual = {tid: self._usual.get(tid, mask) for tid, mask in masks.items()}
+            self._usual = usual
+        extra = 0
+        for tid, mask in masks.items():
+            extra |= mask & ~usual[tid]
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if extra >> (sig - 1) & 1:
+                return sig
+        return None
+
+
 class _Listener:
     """The per-process owner of the signal wakeup fd: the one reader of stop signals."""
 
@@ -144,6 +192,7 @@ class _Listener:
         self.lock = threading.RLock()
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
         self.subscribers: list[Callable[[signal.Signals, float], None]] = []
+        self.handlers = HandlerWatch(self.pid)
         self.app_fd = -1  # the application's wakeup fd: every byte is relayed to it
         self.app_warn = False
         self.thread = threading.Thread(
@@ -181,8 +230,8 @@ class _Listener:
 
     def _record(self, sig: signal.Signals, when: float, seen: Seen) -> None:
         self.history.append((sig, when, seen))
-        if seen == "pending":
-            return  # a sidecar reads the owner's pending signals itself
+        if seen in ("pending", "handling"):
+            return  # a sidecar reads the owner's /proc itself
         for fn in list(self.subscribers):
             with contextlib.suppress(Exception):
                 fn(sig, when)
@@ -252,6 +301,7 @@ def install() -> bool:
             listener.wsock.close()
             return False
         listener.app_fd = previous  # an asyncio loop already running: relay to it
+        listener.handlers.learn()
         _listener = listener
         signal.set_wakeup_fd = _set_wakeup_fd
         listener.thread.start()
@@ -291,19 +341,22 @@ def history() -> list[Signal]:
     pending right now is added as seen now."""
     listener = _here()
     now = time.monotonic()
-    # In the order a signal lives: queued (pending), then delivered (its byte on the
-    # socket), then read. Looked at in that order, a signal that moves on between two looks
-    # is still caught by the second.
+    # In the order a signal lives: queued (pending), taken (its handler running), delivered
+    # (its byte on the socket), then read. Looked at in that order, a signal that moves on
+    # between two looks is still caught by the next.
     sig = pending_stop(os.getpid())
-    if listener is not None:
-        with contextlib.suppress(OSError):
-            listener.drain()
     if listener is None:
         return [(sig, now, "pending")] if sig is not None else []
+    handled = listener.handlers.handling() if sig is None else None
+    with contextlib.suppress(OSError):
+        listener.drain()
     with listener.lock:
         if sig is not None:
             listener._record(sig, now, "pending")
-        return list(listener.history)
+        seen = list(listener.history)
+    # Not kept: if a handler was running, its byte is in the history from now on; if the
+    # thread only blocked the signal for a while, nothing stays behind.
+    return [*seen, (handled, now, "handling")] if handled is not None else seen
 
 
 def episode(now: float, grace: float) -> StopEpisode | None:

@@ -190,6 +190,14 @@ TABLE: dict[str, tuple[list[str], bool, tuple[str, ...], tuple[str, ...]]] = {
     "stop-long-ago-then-exit3": (SHORT_GRACE, True, ("exited with code 3",), ()),
     # This process ends within the grace: the death it excused was part of its stop.
     "exit-within-stop-grace": (SHORT_GRACE, False, (), ("taken as its share",)),
+    # A stop signal whose handler is still running is a stop under way; once over, the death
+    # it excused is reported (this process carried on).
+    "handler-running-then-exit3": (
+        SHORT_GRACE, True, ("exited with code 3", "SIGINT being handled"), ("taken as its share",)
+    ),
+    # A thread that blocks the stop signals for good is no stop: the death fires at once
+    # (with the default 30 s grace, a mistaken deferral would outlast the owner's 2 s).
+    "blocking-thread-then-exit3": ([], True, ("exited with code 3",), ()),
 }  # fmt: skip
 
 

@@ -67,6 +67,13 @@ TABLE = {
     "other-group-during-stop-exit3": (exit_3_in_own_group, "ignore", "handled-sigint"),
     "stop-long-ago-then-exit3": (exit_3, "ignore", "sighup-long-ago"),
     "exit-within-stop-grace": (exit_3, "ignore", "handled-sigint-then-exit"),
+    # A stop signal taken by a thread whose handler has not written its byte yet (on a loaded
+    # machine the handler can be preempted for milliseconds): libc's sleep() as the C-level
+    # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile.
+    "handler-running-then-exit3": (exit_3, "ignore", "slow-c-handler"),
+    # ...and its twin: a thread that blocks the stop signals for good (as libzmq's I/O
+    # threads do), started after arm(): no stop is under way, the death fires at once.
+    "blocking-thread-then-exit3": (exit_3, "ignore", "blocking-thread"),
 }
 
 
@@ -214,6 +221,30 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
             print("SURVIVED", flush=True)  # ...and it does end within the grace (armed: the
             return  # exit hook judges the death again, knowing this process is exiting)
         survive(args.stop_grace + 3.0)
+        wd.disarm()
+        return
+    if action == "slow-c-handler":
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(signal.SIGINT, ctypes.cast(libc.sleep, ctypes.c_void_p))
+        # Sent from another thread, the signal is taken by the main thread while it sleeps
+        # below without the GIL, as torchrun's SIGINT would be.
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        survive(args.stop_grace + 3.0)
+        wd.disarm()
+        return
+    if action == "blocking-thread":
+        blocked = threading.Event()
+
+        def io_thread() -> None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+            blocked.set()
+            time.sleep(60)
+
+        threading.Thread(target=io_thread, name="io", daemon=True).start()
+        blocked.wait(5)
+        survive()
         wd.disarm()
         return
     if action == "join":
