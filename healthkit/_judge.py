@@ -23,7 +23,12 @@ from healthkit._proc import read_proc_stat
 from healthkit._stopsignals import StopEpisode
 from healthkit._watch import ExitStatus, ProcessWatch
 
-__all__ = ["Judge", "Watched"]
+__all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
+
+#: How long a stop-like death with no stop in sight is looked at again while a thread of the
+#: owner may be taking a signal (see :meth:`Judge.judge`), and how often.
+SECOND_LOOK_S = 0.05
+_SECOND_LOOK_POLL_S = 0.005
 
 
 @attrs.define(eq=False)
@@ -97,6 +102,10 @@ class Judge:
     describe: Callable[[Watched, ExitStatus], Diagnosis]  # brief: exit status only, no I/O
     fire: Callable[[Watched, ExitStatus, Decision | None], None]
     armed: Callable[[], bool] = lambda: True
+    #: Could a thread of the owner be taking a signal right now (on a CPU, or waiting for
+    #: one, or in an uninterruptible wait)? Then a stop may not show yet.
+    may_be_taking_stop: Callable[[], bool] = lambda: False
+    second_look: float | None = None  # None: :data:`SECOND_LOOK_S` as it is when used
 
     def judge(
         self,
@@ -111,22 +120,18 @@ class Judge:
         if record.settled:
             return Decision(Verdict.IGNORE, "already decided")
         now = time.monotonic() if now is None else now
-        if status is not None and record.deferred is None:
+        first_look = record.deferred is None
+        if status is not None and first_look:
             _refresh_group(record)
-        decision = decide(
-            status,
-            armed=self.armed(),
-            on_clean_exit=record.on_clean_exit,
-            stopped_by_healthkit=self.stopped_by_healthkit(record),
-            # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is
-            # decided without reading the owner's signal state.
-            stop=self.episode(now) if status is not None and stop_like(status) else None,
-            stop_grace=self.stop_grace,
-            now=now,
-            same_group=record.pgrp is None or record.pgrp == self.owner_pgrp,
-            owner_exiting=owner_exiting,
-            owner_gone=owner_gone,
-        )
+        decision = self._decide(record, status, now, owner_exiting, owner_gone)
+        if (
+            first_look
+            and decision.verdict is Verdict.FIRE
+            and status is not None
+            and stop_like(status)
+            and self.may_be_taking_stop()
+        ):
+            decision = self._second_look(record, status, owner_exiting, owner_gone)
         if decision.verdict is Verdict.KEEP_WATCHING:
             return decision
         assert status is not None
@@ -148,6 +153,57 @@ class Judge:
         elif excused is not None:
             self.log.info("%s: %s: %s", self.name, record.name, decision.reason)
         return decision
+
+    def _decide(
+        self,
+        record: Watched,
+        status: ExitStatus | None,
+        now: float,
+        owner_exiting: bool,
+        owner_gone: bool,
+    ) -> Decision:
+        return decide(
+            status,
+            armed=self.armed(),
+            on_clean_exit=record.on_clean_exit,
+            stopped_by_healthkit=self.stopped_by_healthkit(record),
+            # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is
+            # decided without reading the owner's signal state.
+            stop=self.episode(now) if status is not None and stop_like(status) else None,
+            stop_grace=self.stop_grace,
+            now=now,
+            same_group=record.pgrp is None or record.pgrp == self.owner_pgrp,
+            owner_exiting=owner_exiting,
+            owner_gone=owner_gone,
+        )
+
+    def _second_look(
+        self,
+        record: Watched,
+        status: ExitStatus,
+        owner_exiting: bool,
+        owner_gone: bool,
+    ) -> Decision:
+        """A stop-like death that would fire while a thread of the owner may be taking a
+        signal: look again for up to :data:`SECOND_LOOK_S`, as long as one may be.
+
+        The kernel takes a signal off the pending set and only then blocks it for the
+        handler, in the receiving thread's own context; a thread preempted in between (a
+        loaded machine, a busy process) leaves no trace of the stop for milliseconds. The
+        death is decided as of the last look: a stop seen by then excuses it, exactly as if
+        it had been seen first. An owner whose threads all sleep pays nothing; a busy one pays
+        at most this delay for a stop-like death, never for a SIGKILL or a crash.
+        """
+        look = SECOND_LOOK_S if self.second_look is None else self.second_look
+        deadline = time.monotonic() + look
+        while True:
+            time.sleep(_SECOND_LOOK_POLL_S)
+            now = time.monotonic()
+            decision = self._decide(record, status, now, owner_exiting, owner_gone)
+            if decision.verdict is not Verdict.FIRE or now >= deadline:
+                return decision
+            if not self.may_be_taking_stop():
+                return decision
 
     def expire(
         self, records: list[Watched], *, now: float | None = None, owner_gone: bool = False

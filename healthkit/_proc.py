@@ -151,25 +151,29 @@ def read_pending_signals(pid: int, proc_root: str = "/proc") -> frozenset[int] |
     return frozenset(n for n in range(1, 65) if (pending >> (n - 1)) & 1)
 
 
-def read_blocked_signals(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
-    """Each thread's blocked-signal mask (``SigBlk``), by thread id. While a thread runs a
-    signal's handler the kernel blocks that signal in it (no ``SA_NODEFER``), so a signal
-    that was taken but whose handler has not finished shows here. ``None``: gone."""
+def read_threads(pid: int, proc_root: str = "/proc") -> dict[int, tuple[str, int]] | None:
+    """Each thread's scheduler state (``R``, ``S``, ``D``, ...) and blocked-signal mask
+    (``SigBlk``), by thread id. While a thread runs a signal's handler the kernel blocks that
+    signal in it (no ``SA_NODEFER``), so a signal that was taken but whose handler has not
+    finished shows in the mask. ``None``: gone."""
     try:
         tids = os.listdir(f"{proc_root}/{pid}/task")
     except OSError:
         return None
-    masks: dict[int, int] = {}
+    threads: dict[int, tuple[str, int]] = {}
     for tid in tids:
+        state = "?"
         try:
             with open(f"{proc_root}/{pid}/task/{tid}/status", "rb") as f:
                 for line in f:
-                    if line.startswith(b"SigBlk:"):
-                        masks[int(tid)] = int(line.split()[1], 16)
+                    if line.startswith(b"State:"):
+                        state = line.split()[1].decode("ascii", "replace")
+                    elif line.startswith(b"SigBlk:"):
+                        threads[int(tid)] = (state, int(line.split()[1], 16))
                         break
         except (OSError, ValueError, IndexError):
             continue  # the thread ended between the listing and the read
-    return masks
+    return threads
 
 
 def read_peak_rss(pid: int, proc_root: str = "/proc") -> int | None:

@@ -37,8 +37,8 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 ==================  =========================================================================
 owner -> sidecar
 ==================  =========================================================================
-``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``;
-                    answered by ``ready``
+``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``,
+                    ``second_look``; answered by ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
 ``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from healthkit import _stopsignals
+from healthkit import _judge, _stopsignals
 from healthkit._actions import (
     FailureEvent,
     log_diagnosis,
@@ -156,6 +156,7 @@ class SidecarLink:
             name=name,
             kill_grace=kill_grace,
             stop_grace=stop_grace,
+            second_look=_judge.SECOND_LOOK_S,
         )
         self._expect("ready")
         # From here on every stop signal and every healthkit.stop() target is announced
@@ -531,6 +532,9 @@ class _Sidecar:
             stopped_by_healthkit=lambda r: (r.pid, r.start_time) in self.stopped,
             describe=self.describe,
             fire=self.fire,
+            armed=lambda: not self.done,
+            second_look=float(self.config.get("second_look", _judge.SECOND_LOOK_S)),
+            may_be_taking_stop=lambda: self.handlers is None or self.handlers.running(),
         )
         self.waits.add_fd(self.sock.fileno(), self.on_control)
         self.waits.add(self.owner)

@@ -65,7 +65,7 @@ from typing import Final, Literal
 
 import attrs
 
-from healthkit._proc import read_blocked_signals, read_pending_signals
+from healthkit._proc import read_pending_signals, read_threads
 
 __all__ = [
     "STOP_SIGNALS",
@@ -74,6 +74,7 @@ __all__ = [
     "current_episode",
     "episode",
     "install",
+    "may_be_taking_stop",
     "note_stop",
     "pending_stop",
     "subscribe",
@@ -147,7 +148,8 @@ def pending_stop(pid: int) -> signal.Signals | None:
 
 
 class HandlerWatch:
-    """Sees a stop signal of process ``pid`` while one of its threads runs its handler.
+    """Sees a stop signal of process ``pid`` while one of its threads runs its handler, and
+    whether one of its threads may be taking a signal right now.
 
     A thread's usual mask is the one it had when first seen (:meth:`learn` at arm time sees
     the main thread before any stop); a stop signal blocked beyond it means a handler for it
@@ -164,19 +166,32 @@ class HandlerWatch:
         self.handling()
 
     def handling(self) -> signal.Signals | None:
-        masks = read_blocked_signals(self.pid)
-        if masks is None:
+        threads = read_threads(self.pid)
+        if threads is None:
             return None
         with self._lock:
-            usual = {tid: self._usual.get(tid, mask) for tid, mask in masks.items()}
+            usual = {tid: self._usual.get(tid, mask) for tid, (_, mask) in threads.items()}
             self._usual = usual
         extra = 0
-        for tid, mask in masks.items():
+        for tid, (_, mask) in threads.items():
             extra |= mask & ~usual[tid]
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if extra >> (sig - 1) & 1:
                 return sig
         return None
+
+    def running(self, *, besides: int | None = None) -> bool:
+        """Is a thread of the process (other than thread id ``besides``) on a CPU or waiting
+        for one (``R``), or in an uninterruptible wait (``D``)?
+
+        Only such a thread can be between taking a signal (it is no longer pending) and the
+        kernel blocking it for the handler (it is not yet seen as handled): the kernel does
+        both in the thread's own context. A process whose threads all sleep cannot be.
+        """
+        threads = read_threads(self.pid)
+        if threads is None:
+            return False
+        return any(state in ("R", "D") for tid, (state, _) in threads.items() if tid != besides)
 
 
 class _Listener:
@@ -362,6 +377,15 @@ def history() -> list[Signal]:
 def episode(now: float, grace: float) -> StopEpisode | None:
     """The stop episode of this process under way at ``now`` (see :func:`current_episode`)."""
     return current_episode(history(), now, grace)
+
+
+def may_be_taking_stop() -> bool:
+    """Could a thread of this process, other than the caller, be taking a signal right now
+    (see :meth:`HandlerWatch.running`)? Then a stop may be on its way to being seen."""
+    listener = _here()
+    if listener is None:
+        return False
+    return listener.handlers.running(besides=threading.get_native_id())
 
 
 def note_stop(signum: int = signal.SIGTERM) -> None:

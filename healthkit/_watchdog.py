@@ -204,6 +204,7 @@ class DisarmableWatchdog:
             describe=self._brief,
             fire=self._fire,
             armed=lambda: self._armed,
+            may_be_taking_stop=_stopsignals.may_be_taking_stop,
         )
         for target in watches:
             self.watch(target)
