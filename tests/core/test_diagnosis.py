@@ -507,12 +507,36 @@ def test_kernel_log_confirmation_does_not_use_up_a_cgroup_count(fixture_tree: Pa
     ) in db.evidence
 
 
+def _kmsg_logged_before_now(src: Path, dst: Path) -> float:
+    """A copy of a kmsg fixture whose time stamps all lie in this machine's past: a record
+    stamped after now is one logged after the death was seen, which names another process
+    (a machine booted 20 minutes ago has not reached the fixture's 1472.5 s). The stamps are
+    scaled, keeping their order. Returns the scale."""
+    lines = src.read_text().splitlines(keepends=True)
+    stamps = [int(line.split(";", 1)[0].split(",")[2]) for line in lines if ";" in line]
+    limit = (time.monotonic() - 30) * 1e6
+    scale = min(1.0, limit / max(stamps))
+    assert scale > 0.01, "this machine booted too recently for the fixture"
+    out = []
+    for line in lines:
+        if ";" in line and not line.startswith(" "):
+            head, rest = line.split(";", 1)
+            fields = head.split(",")
+            fields[2] = str(int(int(fields[2]) * scale))
+            line = ",".join(fields) + ";" + rest
+        out.append(line)
+    dst.write_text("".join(out))
+    return scale
+
+
 def test_history_mode_shows_past_records_but_confirms_only_a_known_process(
-    fixture_tree: Path,
+    fixture_tree: Path, tmp_path: Path
 ) -> None:
     # `healthkit explain -9 --pid 4242`: the kill happened before the diagnoser existed.
     tree = fixture_tree / "cgroup-v1"
-    kmsg = fixture_tree / "kmsg" / "before.txt"  # holds an OOM kill of pid 4242 at 1472.5 s
+    kmsg = tmp_path / "before.txt"  # holds an OOM kill of pid 4242 at 1472.5 s (scaled)
+    scale = _kmsg_logged_before_now(fixture_tree / "kmsg" / "before.txt", kmsg)
+    at = int(1472543212 * scale) / 1e6  # the OOM-killer line's stamp, in seconds
     live = _diagnoser_on(tree, kmsg)
     assert live.diagnose(-9, pid=4242).cause is Cause.SIGKILL_UNCONFIRMED  # not this run
     live.close()
@@ -527,17 +551,22 @@ def test_history_mode_shows_past_records_but_confirms_only_a_known_process(
     # record is shown, and confirms nothing.
     d = past.diagnose(-9, pid=4242, name="worker")
     assert d.cause is Cause.SIGKILL_UNCONFIRMED
-    assert (
-        "kernel log: an OOM kill of pid 4242 (python3) at 1472.5 s after boot, not taken as "
-        "this process's: its start time is unknown here"
-    ) in d.evidence
+    kill_line = next(e for e in d.evidence if e.startswith("kernel log: an OOM kill of pid 4242"))
+    assert kill_line.startswith("kernel log: an OOM kill of pid 4242 (python3) at ")
+    assert kill_line.endswith(
+        " s after boot, not taken as this process's: its start time is unknown here"
+    )
+    assert abs(float(kill_line.split(" at ")[1].split(" s ")[0]) - at) < 0.2
     # With the process's start time (ticks since boot) before the record, it is its kill.
     ticks = os.sysconf("SC_CLK_TCK")
-    d = past.diagnose(-9, pid=4242, name="worker", start_time=1400 * ticks)
+    d = past.diagnose(-9, pid=4242, name="worker", start_time=int(at * 0.95 * ticks))
     assert d.cause is Cause.OOM_KILLED
     assert d.evidence[0].startswith("kernel log: Memory cgroup out of memory: Killed process 4242")
     # Started after the record: an earlier process's kill.
-    assert past.diagnose(-9, pid=4242, start_time=1500 * ticks).cause is (
+    assert past.diagnose(-9, pid=4242, start_time=int((at + 30) * ticks)).cause is (
+        Cause.SIGKILL_UNCONFIRMED
+    )
+    assert past.diagnose(-9, pid=4242, start_time=int(at * 1.02 * ticks)).cause is (
         Cause.SIGKILL_UNCONFIRMED
     )
     assert past.diagnose(-9, pid=4243).cause is Cause.SIGKILL_UNCONFIRMED
