@@ -165,7 +165,7 @@ def block_order(blocks: int) -> list[str]:
     return [pattern[i % 4] for i in range(2 * blocks)]
 
 
-def run_block(loader_name: str, consumer: str, epochs: int) -> None:
+def run_block(loader_name: str, consumer: str, epochs: int, repeats: int = SEED_REPEATS) -> None:
     """One block, in this process (a fresh one, started by :func:`end_to_end`): build the
     loader, time its start-up and a warm-up epoch, then ``epochs`` timed epochs, and shut it
     down; each figure is printed as one JSON line as soon as it is known."""
@@ -179,7 +179,7 @@ def run_block(loader_name: str, consumer: str, epochs: int) -> None:
     fx.set_spawn()  # stock GLT needs it (its mp.Value); healthkit_glt does not
     fx.init_single_process_context()
     dataset = fx.build_dataset()
-    seeds = torch.arange(fx.NUM_NODES).repeat(SEED_REPEATS)
+    seeds = torch.arange(fx.NUM_NODES).repeat(repeats)
     # One epoch's batches fit in the channel: stock GLT's concurrent-writer stall cannot
     # happen then (see STOCK_SAFE_CHANNEL_CAPACITY); both loaders get the same options.
     options = fx.make_worker_options(channel_capacity=fx.one_epoch_capacity(len(seeds)))
@@ -237,7 +237,9 @@ def _lines(proc: subprocess.Popen[bytes], first_s: float, next_s: float) -> Iter
                 yield line
 
 
-def end_to_end(blocks: int, epochs: int, consumer: str) -> dict[str, Any]:
+def end_to_end(
+    blocks: int, epochs: int, consumer: str, repeats: int = SEED_REPEATS
+) -> dict[str, Any]:
     """``blocks`` blocks of each loader, alternating (:func:`block_order`), each in its own
     process group: every epoch raw (loader, block, wall s, tree CPU s, batches), and per
     block its start-up (construction to first batch), ``shutdown()`` time and whether it
@@ -247,7 +249,8 @@ def end_to_end(blocks: int, epochs: int, consumer: str) -> dict[str, Any]:
     blocks_out: list[dict[str, Any]] = []
     seeds = 0
     for index, name in enumerate(block_order(blocks)):
-        cmd = [sys.executable, os.path.abspath(__file__), "--block", name, consumer, str(epochs)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--block", name, consumer, str(epochs),
+               str(repeats)]  # fmt: skip
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
             row: dict[str, Any] = {"loader": name, "block": index, "hung": False}
@@ -1017,10 +1020,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-client", action="store_true",
                    help="measure server-client mode on this environment's GLT build only, "
                    "save it, and re-render the page from the saved results")  # fmt: skip
-    p.add_argument("--block", nargs=3, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS
+    p.add_argument("--block", nargs=4, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS REPEATS
     args = p.parse_args(argv)
     if args.block:  # one block of the end-to-end runs, in its own process
-        run_block(args.block[0], args.block[1], int(args.block[2]))
+        run_block(args.block[0], args.block[1], int(args.block[2]), int(args.block[3]))
         return 0
     tmp = tempfile.mkdtemp(prefix="healthkit-glt-bench-") if args.quick else None
     out = args.out or (os.path.join(tmp, "benchmarks-glt.md") if tmp else OUT)
@@ -1076,9 +1079,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(raw, "w") as f:
             json.dump(results, f, indent=1)
 
+    # The quick smoke run covers the seeds once an epoch (16 batches, not 391): it proves the
+    # code runs, it measures nothing.
+    repeats = 1 if args.quick else SEED_REPEATS
     for consumer in ("drop", "train"):
         blocks, epochs = plan[consumer]
-        results["e2e"][consumer] = end_to_end(blocks, epochs, consumer)
+        results["e2e"][consumer] = end_to_end(blocks, epochs, consumer, repeats)
         save()
         print(f"[glt-bench] end to end ({consumer}) done at {time.monotonic() - t0:.0f} s")
     stock_wall = block_values(results["e2e"]["drop"], "wall")["stock"]
@@ -1101,6 +1107,15 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w") as f:
         f.write(render(results))
     print(f"[glt-bench] {time.monotonic() - t0:.0f} s; page: {out}; raw results: {raw}")
+    broken = [
+        f"{consumer} block {b['block']} ({b['loader']})"
+        for consumer, res in results["e2e"].items()
+        for b in res["per_block"]
+        if b["hung"] or "shutdown_s" not in b  # it never got through its epochs
+    ]
+    if broken:  # a smoke run that cannot run a block has proved nothing
+        print(f"[glt-bench] FAILED: blocks hung or failed: {', '.join(broken)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,7 +13,7 @@
 #       attrs==X). Then `healthkit --version`, `python -m healthkit doctor` and `explain`, an
 #       import check of healthkit_graphlearn, and tests/core run from outside the source tree
 #       against the installed package (tests/core/test_installed_wheel.py proves which copy
-#       was imported).
+#       was imported); HEALTHKIT_INSTALLED_TESTS="test_a.py test_b.py" runs only those files.
 #   scripts/dists.sh python VERSION
 #       print the interpreter used for VERSION; exit 3 when this machine has none.
 #
@@ -127,9 +127,13 @@ except hg.GraphLearnImportError as e:
     print(f"healthkit_graphlearn {hg.__version__}: without graph-learn: {str(e)[:60]}...")
 EOF
   # One run per cell of the stop/exit-code matrices on each version (the main tier runs 3).
+  # HEALTHKIT_INSTALLED_TESTS: test files of tests/core to run (default: all of tests/core)
+  local targets=() t
+  for t in ${HEALTHKIT_INSTALLED_TESTS:-}; do targets+=("$ROOT/tests/core/$t"); done
+  [[ ${#targets[@]} -gt 0 ]] || targets=("$ROOT/tests/core")
   HEALTHKIT_MATRIX_RUNS=${HEALTHKIT_MATRIX_RUNS:-1} \
   HEALTHKIT_TEST_INSTALLED_WHEEL=$VERSION "$venv/bin/python" -m pytest -c "$ROOT/pyproject.toml" \
-    --rootdir "$ROOT" -p no:cacheprovider "$ROOT/tests/core" "$@"
+    --rootdir "$ROOT" -p no:cacheprovider "${targets[@]}" "$@"
 }
 
 case "${1:-}" in
