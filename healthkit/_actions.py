@@ -147,13 +147,20 @@ class log_diagnosis:
     level: int = logging.ERROR
 
     def __call__(self, event: FailureEvent) -> None:
-        if self.logger.hasHandlers():
-            self.logger.log(self.level, "%s", event.message)
-        else:
-            # No logging configured in this process (logging's last-resort handler would
-            # print the bare message): print it with a level the reader can grep for.
-            print(f"{logging.getLevelName(self.level)} {event.message}", file=sys.stderr)
+        emit(self.logger, self.level, event.message)
         flush_logging(self.logger)
+
+
+def emit(log: logging.Logger, level: int, message: str) -> None:
+    """Log ``message`` through the application's configuration; with none configured, print
+    it to stderr with its level name (logging's last-resort handler would print it bare).
+    Both honour the logger's level and ``disabled``: a silenced logger prints nothing."""
+    if not log.isEnabledFor(level):
+        return
+    if log.hasHandlers():
+        log.log(level, "%s", message)
+    else:
+        print(f"{logging.getLevelName(level)} {message}", file=sys.stderr)
 
 
 def error_file_payload(event: FailureEvent) -> dict[str, object]:

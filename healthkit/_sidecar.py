@@ -4,7 +4,8 @@ Why: a graph-learn client call against a dead server retries for minutes inside 
 *holding the GIL*; no Python thread of that process can run, so a thread watchdog cannot
 fire. The sidecar watches the same pids through pidfds (it is not their parent, so it reads
 the exit status from the zombie's ``/proc/<pid>/stat`` while the stuck owner has not reaped
-it), logs the diagnosis to the shared stderr, writes the torchelastic error file and then
+it), logs the diagnosis through the owner's logging configuration (its file and stream
+handlers, level and format as they were at ``arm()``), writes the torchelastic error file and then
 stops the owner (SIGTERM, SIGKILL after a grace period) so the launcher tears the job down.
 
 It judges deaths exactly as the owner's watcher thread does (:class:`healthkit._judge.Judge`
@@ -37,8 +38,8 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 ==================  =========================================================================
 owner -> sidecar
 ==================  =========================================================================
-``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``;
-                    answered by ``ready``
+``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``,
+                    ``logging`` (:func:`logging_plan`); answered by ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
 ``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
@@ -70,6 +71,7 @@ from typing import Any
 from healthkit import _stopsignals
 from healthkit._actions import (
     FailureEvent,
+    flush_logging,
     log_diagnosis,
     write_torchelastic_error_file,
 )
@@ -123,6 +125,100 @@ def _line(**msg: Any) -> bytes:
     return json.dumps(msg).encode() + b"\n"
 
 
+_SIDECAR_FORMAT = "%(asctime)s %(levelname)s healthkit sidecar: %(message)s"
+_STYLES = {logging.PercentStyle: "%", logging.StrFormatStyle: "{", logging.StringTemplateStyle: "$"}
+
+
+def logging_plan(log: logging.Logger) -> tuple[dict[str, Any], list[int]]:
+    """How the sidecar logs as ``log`` would in the owner: its effective level, whether it is
+    disabled, and the handlers a record from it reaches that another process can write
+    through (file handlers by path, stream handlers by file descriptor), each with its
+    level and format. Also the descriptors the sidecar must inherit. Other handlers (a
+    queue, syslog, a stream with no descriptor) are named in ``not_carried``."""
+    handlers: list[dict[str, Any]] = []
+    not_carried: list[str] = []
+    fds: list[int] = []
+    current: logging.Logger | None = log
+    seen: set[int] = set()
+    while current is not None:
+        for h in current.handlers:
+            if id(h) in seen:
+                continue
+            seen.add(id(h))
+            spec = _handler_spec(h)
+            if spec is None:
+                not_carried.append(repr(h))
+                continue
+            handlers.append(spec)
+            fd = spec.get("fd")
+            if isinstance(fd, int) and fd > 2:
+                fds.append(fd)
+        current = current.parent if current.propagate else None
+    plan = {
+        "level": log.getEffectiveLevel(),
+        "disabled": log.disabled,
+        "handlers": handlers,
+        "not_carried": not_carried,
+    }
+    return plan, fds
+
+
+def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
+    fmt = h.formatter
+    spec: dict[str, Any] = {
+        "level": h.level,
+        "fmt": fmt._fmt if fmt is not None else None,
+        "datefmt": fmt.datefmt if fmt is not None else None,
+        "style": _STYLES.get(type(fmt._style), "%") if fmt is not None else "%",
+    }
+    if isinstance(h, logging.FileHandler):
+        return {**spec, "path": h.baseFilename, "encoding": h.encoding}
+    if type(h) is logging.StreamHandler:  # a subclass may write elsewhere than its stream
+        try:
+            fd = h.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
+        return {**spec, "fd": fd}
+    return None
+
+
+def apply_logging_plan(plan: dict[str, Any] | None) -> None:
+    """In the sidecar: the owner's handlers, level and ``disabled`` for ``healthkit``; with
+    no handler carried, the sidecar's own line on its stderr (at the owner's level)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    log = logging.getLogger("healthkit")
+    if plan is None:
+        plan = {"level": logging.INFO, "disabled": False, "handlers": [], "not_carried": []}
+    built: list[logging.Handler] = []
+    for spec in plan["handlers"]:
+        try:
+            handler: logging.Handler
+            if "path" in spec:
+                handler = logging.FileHandler(spec["path"], encoding=spec["encoding"], delay=True)
+            else:
+                stream = os.fdopen(os.dup(spec["fd"]), "w", buffering=1, closefd=True)
+                handler = logging.StreamHandler(stream)
+        except OSError:
+            continue
+        if spec["fmt"] is not None or spec["datefmt"] is not None:
+            handler.setFormatter(
+                logging.Formatter(spec["fmt"], spec["datefmt"], style=spec["style"])
+            )
+        handler.setLevel(spec["level"])
+        built.append(handler)
+    if not built:
+        fallback = logging.StreamHandler(sys.stderr)
+        fallback.setFormatter(logging.Formatter(_SIDECAR_FORMAT))
+        built.append(fallback)
+    for handler in built:
+        log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(plan["level"])
+    log.disabled = bool(plan["disabled"])
+
+
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
@@ -130,7 +226,8 @@ class SidecarLink:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
-        pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else [])
+        log_plan, log_fds = logging_plan(logger)
+        pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else []) + log_fds
         try:
             self._proc = subprocess.Popen(
                 [
@@ -156,8 +253,17 @@ class SidecarLink:
             name=name,
             kill_grace=kill_grace,
             stop_grace=stop_grace,
+            logging=log_plan,
         )
         self._expect("ready")
+        if log_plan["not_carried"]:
+            logger.info(
+                "%s: the sidecar cannot write through %s (it writes through file and stream "
+                "handlers only)%s",
+                name,
+                ", ".join(log_plan["not_carried"]),
+                "" if log_plan["handlers"] else "; it writes its lines to stderr",
+            )
         # From here on every stop signal and every healthkit.stop() target is announced
         # before it can matter; the ones before are sent once, now.
         _stopsignals.subscribe(self._stop_signal)
@@ -490,6 +596,7 @@ class _Sidecar:
             "stopping the owner (pid %d) so the launcher tears the job down",
             config["owner_pid"],
         )
+        flush_logging(logger)
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
@@ -515,6 +622,7 @@ class _Sidecar:
             if msgs is None:
                 return 0
             self.config = msgs[0]
+        apply_logging_plan(self.config.get("logging"))
         try:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:
@@ -554,11 +662,8 @@ class _Sidecar:
 def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # group stops are for the owner to handle
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s healthkit sidecar: %(message)s",
-    )
+    # Until the owner's configuration arrives (apply_logging_plan), its own line on stderr.
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_SIDECAR_FORMAT)
     sock = socket.socket(fileno=int(argv[0]))
     peek_fd = int(argv[1])
     return _Sidecar(sock, peek_fd if peek_fd >= 0 else None).run()

@@ -471,7 +471,7 @@ def test_a_c_library_whose_semaphores_differ_gets_the_thread_receiver(
     channel = ShmChannel(2, "1MB")
     with pytest.raises(hg.RingLayoutError, match="sem_t does not hold its value"):
         open_receiver(channel, [], mode="ring")
-    with caplog.at_level("WARNING", logger="healthkit_glt"):
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
         fallback = open_receiver(channel, [])
     assert isinstance(fallback, ThreadReceiver)
     fallback.stop()
@@ -506,7 +506,7 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     try:
         with pytest.raises(hg.RingLayoutError, match=r"not graphlearn-torch 0\.2\.4's layout"):
             open_receiver(channel, [], mode="ring")
-        with caplog.at_level("WARNING", logger="healthkit_glt"):
+        with caplog.at_level("WARNING", logger="healthkit.glt"):
             fallback = open_receiver(channel, [])
         assert isinstance(fallback, ThreadReceiver)
         assert "receiving through a helper thread instead" in caplog.text
@@ -903,7 +903,7 @@ def test_shutdown_during_an_epoch_logs_its_escalation_at_warning_and_releases_th
     run = sc.run_scenario("hk-shutdown-mid-epoch", ["0.5"], timeout=150)
     assert run.returncode == 0, run.output
     r = run.result
-    assert "WARNING healthkit_glt: sampling workers" in run.output
+    assert "WARNING healthkit.glt: sampling workers" in run.output
     assert "did not end within 0.5s of the stop request; sending SIGTERM" in run.output
     assert r["worker_exit_codes"] == [0, 0]
     assert r["shutdown_s"] < 0.5 + 5.0 + 2.0
@@ -926,7 +926,7 @@ def test_this_glt_build_writes_the_ring_layout_the_ring_reader_checks(
     print(f"graphlearn-torch {hg.glt_version()} ({hg.glt_build()})")
     assert hg.glt_version() in ("0.2.4", "0.2.4+git26fe3d4")
     channel = ShmChannel(2, "1MB")
-    with caplog.at_level("WARNING", logger="healthkit_glt"):
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
         receiver = open_receiver(channel, [])
     assert isinstance(receiver, RingReceiver), caplog.text
     assert "helper thread" not in caplog.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -88,7 +89,21 @@ def main() -> None:
     ap.add_argument("--policy", default="fail")
     ap.add_argument("--sigterm-exits", action="store_true")
     ap.add_argument("--stop-grace", type=float, default=30.0)
+    ap.add_argument("--log-file", help="the application's logging: a FileHandler on the root")
+    ap.add_argument("--log-level", help="set on the healthkit logger (e.g. CRITICAL)")
+    ap.add_argument("--log-disabled", action="store_true", help="healthkit logger disabled")
     args = ap.parse_args()
+
+    if args.log_file:
+        logging.basicConfig(
+            filename=args.log_file,
+            level=logging.INFO,
+            format="APP %(levelname)s %(name)s: %(message)s",
+        )
+    if args.log_level:
+        logging.getLogger("healthkit").setLevel(args.log_level)
+    if args.log_disabled:
+        logging.getLogger("healthkit").disabled = True
 
     if args.sigterm_exits:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

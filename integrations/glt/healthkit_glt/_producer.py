@@ -85,7 +85,7 @@ from healthkit_glt._worker import (
 
 __all__ = ["DistSamplingProducer", "SamplingError", "SamplingWorkerDiedError"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 INIT_ABORT_GRACE_S = 0.05
 
