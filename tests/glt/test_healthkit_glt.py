@@ -1028,3 +1028,24 @@ def test_failed_and_rebuilt_loaders_leave_this_process_as_it_was() -> None:
     assert [x["diff"] for x in r["runs"]] == [{}, {}, {}], r["runs"]
     assert r["before"]["segments"] == [] and r["before"]["sysv_mappings"] == 0
     assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_a_steady_state_stall_with_every_worker_alive_logs_their_stacks_once() -> None:
+    """Live sampling workers stop sending mid-epoch; the fetch loop polls recv(timeout_ms=200).
+    Every poll still raises QueueTimeoutError (the loop decides); once no batch has come for
+    the steady-state RPC timeout (3 s here) the live workers' stacks are logged at WARNING,
+    once for the whole stall, naming where they wait. Polls before the bound log nothing."""
+    run = sc.run_scenario("hk-steady-state-stall", ["3"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["batches"] >= 2 and r["timeouts"] > 20, r  # polls went on, each one raised
+    assert r["workers_alive"] == [True, True], r
+    assert len(r["stalls"]) == 1, r["stalls"]  # once per stall, not once per poll
+    after, text = r["stalls"][0]
+    assert 3.0 <= after < 6.0, r["stalls"]  # not before the bound
+    assert "while every sampling worker is alive" in text and "(3s)" in text, text
+    for rank, pid in enumerate(r["worker_pids"]):
+        assert f"--- stack of sampling worker {rank} (pid {pid}) ---" in text, text
+    assert text.count("stall_in_sampling_forever") >= 2, text  # each worker's own frame
+    assert r["children_left"] == [], r
