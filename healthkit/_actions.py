@@ -399,6 +399,11 @@ class raise_in_cell(raise_in_main_thread):
     _CALL = "__import__('healthkit._actions', fromlist=['_']).raise_pending_failure()\n"
 
     def __init__(self, shell: Any, signum: int = signal.SIGUSR1) -> None:
+        if not hasattr(shell, "events") or not hasattr(shell, "input_transformers_post"):
+            raise InvalidArgumentTypeError(
+                f"shell must be the running IPython shell (IPython.get_ipython()), got {shell!r}",
+                "shell",
+            )
         super().__init__(signum)
         self._shell = shell
         self._in_cell = False

@@ -50,7 +50,18 @@ owner -> sidecar
 ``disarm``          exit now
 ==================  =========================================================================
 
-sidecar -> owner: ``ready`` and ``watching`` (``{"op": "ready"}``), nothing else.
+==================  =========================================================================
+sidecar -> owner
+==================  =========================================================================
+``ready``           the answer to ``config``
+``watching``        the answer to ``watch``
+``log``             ``level``, ``msg``, ``created``: one of the sidecar's log records, for the
+                    owner's handlers it cannot write through (only when ``logging.relay``)
+``flush``           the diagnosis is logged: flush those handlers and answer ``logged``
+                    (waited for briefly before the owner is stopped)
+==================  =========================================================================
+
+owner -> sidecar, also: ``logged`` (the answer to ``flush``).
 """
 
 from __future__ import annotations
@@ -129,14 +140,17 @@ _SIDECAR_FORMAT = "%(asctime)s %(levelname)s healthkit sidecar: %(message)s"
 _STYLES = {logging.PercentStyle: "%", logging.StrFormatStyle: "{", logging.StringTemplateStyle: "$"}
 
 
-def logging_plan(log: logging.Logger) -> tuple[dict[str, Any], list[int]]:
+def logging_plan(
+    log: logging.Logger,
+) -> tuple[dict[str, Any], list[int], list[logging.Handler]]:
     """How the sidecar logs as ``log`` would in the owner: its effective level, whether it is
     disabled, and the handlers a record from it reaches that another process can write
     through (file handlers by path, stream handlers by file descriptor), each with its
-    level and format. Also the descriptors the sidecar must inherit. Other handlers (a
-    queue, syslog, a stream with no descriptor) are named in ``not_carried``."""
+    level and format. Also the descriptors the sidecar must inherit, and the other handlers
+    (a queue, syslog, a stream with no descriptor, pytest's capture): the sidecar sends its
+    records to the owner for those (``relay``), and the owner hands them over while it can."""
     handlers: list[dict[str, Any]] = []
-    not_carried: list[str] = []
+    not_carried: list[logging.Handler] = []
     fds: list[int] = []
     current: logging.Logger | None = log
     seen: set[int] = set()
@@ -147,7 +161,7 @@ def logging_plan(log: logging.Logger) -> tuple[dict[str, Any], list[int]]:
             seen.add(id(h))
             spec = _handler_spec(h)
             if spec is None:
-                not_carried.append(repr(h))
+                not_carried.append(h)
                 continue
             handlers.append(spec)
             fd = spec.get("fd")
@@ -158,9 +172,9 @@ def logging_plan(log: logging.Logger) -> tuple[dict[str, Any], list[int]]:
         "level": log.getEffectiveLevel(),
         "disabled": log.disabled,
         "handlers": handlers,
-        "not_carried": not_carried,
+        "relay": bool(not_carried),
     }
-    return plan, fds
+    return plan, fds, not_carried
 
 
 def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
@@ -190,7 +204,7 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
         root.removeHandler(h)
     log = logging.getLogger("healthkit")
     if plan is None:
-        plan = {"level": logging.INFO, "disabled": False, "handlers": [], "not_carried": []}
+        plan = {"level": logging.INFO, "disabled": False, "handlers": []}
     built: list[logging.Handler] = []
     for spec in plan["handlers"]:
         try:
@@ -226,7 +240,7 @@ class SidecarLink:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
-        log_plan, log_fds = logging_plan(logger)
+        log_plan, log_fds, self._relay_to = logging_plan(logger)
         pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else []) + log_fds
         try:
             self._proc = subprocess.Popen(
@@ -256,13 +270,12 @@ class SidecarLink:
             logging=log_plan,
         )
         self._expect("ready")
-        if log_plan["not_carried"]:
-            logger.info(
-                "%s: the sidecar cannot write through %s (it writes through file and stream "
-                "handlers only)%s",
+        if self._relay_to:
+            logger.debug(
+                "%s: the sidecar sends its lines here for %s (it writes through file and "
+                "stream handlers itself)",
                 name,
-                ", ".join(log_plan["not_carried"]),
-                "" if log_plan["handlers"] else "; it writes its lines to stderr",
+                ", ".join(map(repr, self._relay_to)),
             )
         # From here on every stop signal and every healthkit.stop() target is announced
         # before it can matter; the ones before are sent once, now.
@@ -320,6 +333,63 @@ class SidecarLink:
         with contextlib.suppress(OSError), self._lock:
             self._sock.sendall(_line(**msg))
 
+    @property
+    def relays(self) -> bool:
+        """Whether the sidecar sends its log records here (handlers it cannot write to)."""
+        return bool(self._relay_to)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def take_messages(self) -> bool:
+        """Handle what the sidecar sent (its log records), without waiting; False once it
+        closed the link. Called by the owner's watcher thread when the socket is readable."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._sock.settimeout(0)
+            try:
+                chunk = self._sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            finally:
+                self._sock.settimeout(_START_TIMEOUT_S)
+            if not chunk:
+                return False
+            self._buf += chunk
+            while b"\n" in self._buf:
+                line, _, self._buf = self._buf.partition(b"\n")
+                self._on_sidecar_line(line)
+            return True
+
+    def _on_sidecar_line(self, line: bytes) -> bool:
+        """Handle a log record or a flush request; False for anything else (a reply)."""
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return False
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "log":
+            record = logging.LogRecord(
+                logger.name, int(msg["level"]), "(healthkit sidecar)", 0, msg["msg"], None, None
+            )
+            record.created = float(msg["created"])
+            for handler in self._relay_to:
+                if record.levelno >= handler.level:
+                    with contextlib.suppress(Exception):
+                        handler.handle(record)
+            return True
+        if op == "flush":
+            for handler in self._relay_to:
+                with contextlib.suppress(Exception):
+                    handler.flush()
+            with contextlib.suppress(OSError):
+                self._sock.sendall(_line(op="logged"))
+            return True
+        return False
+
     def wait_for_action(self, timeout: float) -> None:
         """Give the sidecar time to act on a death it is seeing (it will stop us)."""
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -363,6 +433,9 @@ class SidecarLink:
                 )
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
+        if self._on_sidecar_line(line):
+            self._expect(word)  # a log record relayed meanwhile: the reply is next
+            return
         try:
             op = json.loads(line).get("op")
         except (ValueError, AttributeError):
@@ -372,6 +445,25 @@ class SidecarLink:
 
 
 # ---------------------------------------------------------------------- sidecar process
+class _RelayHandler(logging.Handler):
+    """In the sidecar: send each record to the owner, for its handlers the sidecar cannot
+    write through itself."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = _line(op="log", level=record.levelno, msg=record.getMessage(), created=record.created)
+        with contextlib.suppress(OSError):
+            self.sock.sendall(msg)
+
+
+# How long the sidecar waits for the owner to hand its lines to the handlers it could not
+# write through, before it stops the owner (whose GIL may be held: then nobody answers).
+_OWNER_LOGGED_WAIT_S = 0.5
+
+
 class _Sidecar:
     def __init__(self, sock: socket.socket, peek_fd: int | None) -> None:
         self.sock = sock
@@ -392,6 +484,7 @@ class _Sidecar:
         self.judge: Judge | None = None
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
+        self.owner_logged = False  # the owner answered a flush of the relayed lines
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -452,6 +545,8 @@ class _Sidecar:
         op = msg["op"]
         if op == "disarm":
             self.done = True
+        elif op == "logged":
+            self.owner_logged = True
         elif op == "stop":
             self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
         elif op == "stopped":
@@ -597,6 +692,11 @@ class _Sidecar:
             config["owner_pid"],
         )
         flush_logging(logger)
+        if (self.config.get("logging") or {}).get("relay"):
+            # The owner writes these lines to its other handlers if it still can.
+            with contextlib.suppress(OSError):
+                self.sock.sendall(_line(op="flush"))
+            self.pump(lambda: self.owner_logged, _OWNER_LOGGED_WAIT_S)
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
@@ -623,6 +723,8 @@ class _Sidecar:
                 return 0
             self.config = msgs[0]
         apply_logging_plan(self.config.get("logging"))
+        if (self.config.get("logging") or {}).get("relay"):
+            logging.getLogger("healthkit").addHandler(_RelayHandler(self.sock))
         try:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:

@@ -340,6 +340,14 @@ class DisarmableWatchdog:
                     link.watch(record)
                 self._sidecar_watch = link.process_watch()
                 watch_set.add(self._sidecar_watch)
+                if link.relays:
+                    fd = link.fileno()
+
+                    def take_messages() -> None:
+                        if not link.take_messages():
+                            watch_set.remove_fd(fd)  # closed: its death is seen on its own
+
+                    watch_set.add_fd(fd, take_messages)
             self._set = watch_set
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
@@ -583,6 +591,8 @@ class DisarmableWatchdog:
             diagnosis,
         )
         flush_logging(logger)
+        if self._set is not None:
+            self._set.remove_fd(link.fileno())  # its log relay, if any: closed next
         link.close()
         for r in list(self._records.values()):
             if r.watch is not None and r.watch.status is not None and not r.watch.closed:

@@ -231,3 +231,15 @@ def test_a_plain_script_that_imports_ipython_still_exits_on_a_helper_death(
     assert "NOT REACHED" not in proc.stdout
     assert "sampler (pid" in proc.stderr and "was killed by SIGKILL" in proc.stderr
     assert "interactive session" not in proc.stderr
+
+
+def test_raise_in_cell_refuses_what_is_not_a_shell() -> None:
+    import healthkit
+
+    with pytest.raises(healthkit.InvalidArgumentTypeError, match="running IPython shell") as e:
+        healthkit.actions.raise_in_cell(None)
+    assert e.value.argument == "shell"
+    with pytest.raises(healthkit.InvalidArgumentError, match="SIGTERM"):
+        healthkit.actions.raise_in_cell(
+            type("Shell", (), {"events": 0, "input_transformers_post": []})(), signal.SIGTERM
+        )

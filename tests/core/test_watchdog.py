@@ -794,3 +794,30 @@ def test_with_no_logging_configured_the_line_is_printed_with_its_level_sidecar_t
     )
     line = f"ERROR {who}: helper-0 (pid {pids[0]}) was killed by SIGKILL"
     assert line in proc.stderr, proc.stderr
+
+
+def test_the_owner_hands_the_sidecars_lines_to_a_handler_the_sidecar_cannot_share() -> None:
+    """A handler of the application's own (not a file or stream handler) cannot be opened by
+    the sidecar: the owner, while it can run, passes the sidecar's lines to it before the
+    sidecar stops it."""
+    proc, pids = run_owner("kill-helper", "--mode", "sidecar", "--log-custom")
+    assert (
+        f"CUSTOM ERROR healthkit: healthkit watchdog (sidecar): helper-0 (pid {pids[0]}) was "
+        "killed by SIGKILL" in proc.stdout
+    ), (proc.stdout, proc.stderr)
+    assert "CUSTOM ERROR healthkit: stopping the owner (pid " in proc.stdout, proc.stdout
+    assert proc.returncode == -signal.SIGTERM
+
+
+@pytest.mark.timeout(120)
+def test_a_sidecar_with_a_custom_handler_still_stops_an_owner_holding_the_gil() -> None:
+    """The twin: the owner's GIL is held, so it cannot hand anything over; the sidecar does
+    not wait for it beyond its short bound, writes its own line to stderr and stops it."""
+    start = time.monotonic()
+    proc, pids = run_owner(
+        "kill-helper", "--mode", "sidecar", "--log-custom", "--gil-held-sleep", "60", timeout=90
+    )
+    assert time.monotonic() - start < 45
+    assert proc.returncode == -signal.SIGTERM
+    assert "CUSTOM ERROR" not in proc.stdout, proc.stdout
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr
