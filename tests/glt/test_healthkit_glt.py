@@ -1049,3 +1049,15 @@ def test_a_steady_state_stall_with_every_worker_alive_logs_their_stacks_once() -
         assert f"--- stack of sampling worker {rank} (pid {pid}) ---" in text, text
     assert text.count("stall_in_sampling_forever") >= 2, text  # each worker's own frame
     assert r["children_left"] == [], r
+
+
+def test_healthkit_glt_logs_under_healthkit_glt_in_the_healthkit_tree() -> None:
+    """One logger tree: a setting on ``healthkit`` reaches healthkit_glt's lines too."""
+    import importlib
+    import logging
+
+    for name in ("_compat", "_lease", "_loader", "_producer", "_receive", "_remote", "_server",
+                 "_worker"):  # fmt: skip
+        module = importlib.import_module(f"healthkit_glt.{name}")
+        assert module.logger is logging.getLogger("healthkit.glt"), name
+    assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")
