@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -34,7 +34,9 @@ __all__ = [
     "FailureEvent",
     "default_actions",
     "exit_process",
+    "interactive_shell",
     "log_diagnosis",
+    "raise_in_cell",
     "raise_in_main_thread",
     "write_torchelastic_error_file",
 ]
@@ -147,13 +149,20 @@ class log_diagnosis:
     level: int = logging.ERROR
 
     def __call__(self, event: FailureEvent) -> None:
-        if self.logger.hasHandlers():
-            self.logger.log(self.level, "%s", event.message)
-        else:
-            # No logging configured in this process (logging's last-resort handler would
-            # print the bare message): print it with a level the reader can grep for.
-            print(f"{logging.getLevelName(self.level)} {event.message}", file=sys.stderr)
+        emit(self.logger, self.level, event.message)
         flush_logging(self.logger)
+
+
+def emit(log: logging.Logger, level: int, message: str) -> None:
+    """Log ``message`` through the application's configuration; with none configured, print
+    it to stderr with its level name (logging's last-resort handler would print it bare).
+    Both honour the logger's level and ``disabled``: a silenced logger prints nothing."""
+    if not log.isEnabledFor(level):
+        return
+    if log.hasHandlers():
+        log.log(level, "%s", message)
+    else:
+        print(f"{logging.getLevelName(level)} {message}", file=sys.stderr)
 
 
 def error_file_payload(event: FailureEvent) -> dict[str, object]:
@@ -349,6 +358,100 @@ class raise_in_main_thread:
 
     def __repr__(self) -> str:
         return f"raise_in_main_thread(signum={self.signum})"
+
+
+def interactive_shell() -> Any | None:
+    """The running IPython shell (a Jupyter kernel's or a terminal's), or ``None``.
+
+    Never imports IPython: a process that has not imported it runs no shell, so ``import
+    healthkit`` stays light and a plain script is never taken for a notebook.
+    """
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    if get_ipython is None:
+        return None
+    try:
+        return get_ipython()
+    except Exception:
+        return None
+
+
+# The failure a kernel was idle for, raised by the next cell before its own code runs.
+_pending_cell_failure: list[FailureEvent] = []
+
+
+def raise_pending_failure() -> None:
+    """Raise the failure no cell was running for (called by the next cell's first line)."""
+    if _pending_cell_failure:
+        event = _pending_cell_failure.pop()
+        raise ProcessDiedError(event.message, event.diagnosis)
+
+
+class raise_in_cell(raise_in_main_thread):
+    """:class:`raise_in_main_thread` for an interactive shell: the cell that is running gets
+    :class:`ProcessDiedError`, and the kernel (with all its state) lives on.
+
+    Raised only inside a cell: between cells the main thread runs the kernel's own event
+    loop, which an exception would end. A death while no cell runs is kept and raised by the
+    next cell before any of its code runs.
+    """
+
+    _CALL = "__import__('healthkit._actions', fromlist=['_']).raise_pending_failure()\n"
+
+    def __init__(self, shell: Any, signum: int = signal.SIGUSR1) -> None:
+        if not hasattr(shell, "events") or not hasattr(shell, "input_transformers_post"):
+            raise InvalidArgumentTypeError(
+                f"shell must be the running IPython shell (IPython.get_ipython()), got {shell!r}",
+                "shell",
+            )
+        super().__init__(signum)
+        self._shell = shell
+        self._in_cell = False
+        self._hooked = False
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._hooked:
+            self._shell.events.register("pre_run_cell", self._cell_starts)
+            self._shell.events.register("post_run_cell", self._cell_ends)
+            self._shell.input_transformers_post.append(self._raise_first)
+            self._hooked = True
+        self._in_cell = True  # arm() runs in the main thread: inside a cell
+
+    def release(self) -> None:
+        super().release()
+        if self._hooked:
+            self._shell.events.unregister("pre_run_cell", self._cell_starts)
+            self._shell.events.unregister("post_run_cell", self._cell_ends)
+            if self._raise_first in self._shell.input_transformers_post:
+                self._shell.input_transformers_post.remove(self._raise_first)
+            self._hooked = False
+
+    def _cell_starts(self, *_: object) -> None:
+        self._in_cell = True
+
+    def _cell_ends(self, *_: object) -> None:
+        self._in_cell = False
+
+    def _raise_first(self, lines: list[str]) -> list[str]:
+        return [self._CALL, *lines] if _pending_cell_failure else lines
+
+    def _handler(self, signum: int, frame: object) -> None:
+        event = self._event
+        if event is not None and not self._in_cell:
+            self._event = None  # the cell ended meanwhile: the next one raises it
+            _pending_cell_failure[:] = [event]
+            return
+        super()._handler(signum, frame)
+
+    def __call__(self, event: FailureEvent) -> None:
+        if self._in_cell:
+            super().__call__(event)
+        else:
+            _pending_cell_failure[:] = [event]
+
+    def __repr__(self) -> str:
+        return f"raise_in_cell(signum={self.signum})"
 
 
 def default_actions(exit_code: int = 1) -> list[Action]:

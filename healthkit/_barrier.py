@@ -232,6 +232,11 @@ class BoundedBarrier:
         """Let the parent read this worker's stacks if it never arrives. Call it early."""
         enable_stack_dumps(self._stack_dir)
 
+    def dump_stacks(self, pids: list[int], timeout: float = 2.0) -> dict[int, str | None]:
+        """The stacks of workers that called :meth:`enable_stack_dumps`, at any time (a
+        worker stuck after the barrier too); ``None`` for one that did not answer."""
+        return dump_stacks(self._stack_dir, pids, timeout=timeout)
+
     def worker_wait(self, rank: int, timeout: float | None = None) -> None:
         """Wait at the barrier from worker ``rank``.
 

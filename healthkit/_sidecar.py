@@ -4,7 +4,8 @@ Why: a graph-learn client call against a dead server retries for minutes inside 
 *holding the GIL*; no Python thread of that process can run, so a thread watchdog cannot
 fire. The sidecar watches the same pids through pidfds (it is not their parent, so it reads
 the exit status from the zombie's ``/proc/<pid>/stat`` while the stuck owner has not reaped
-it), logs the diagnosis to the shared stderr, writes the torchelastic error file and then
+it), logs the diagnosis through the owner's logging configuration (its file and stream
+handlers, level and format as they were at ``arm()``), writes the torchelastic error file and then
 stops the owner (SIGTERM, SIGKILL after a grace period) so the launcher tears the job down.
 
 It judges deaths exactly as the owner's watcher thread does (:class:`healthkit._judge.Judge`
@@ -38,7 +39,8 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 owner -> sidecar
 ==================  =========================================================================
 ``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``,
-                    ``second_look``; answered by ``ready``
+                    ``second_look``, ``logging`` (:func:`logging_plan`); answered by
+                    ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
 ``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
@@ -49,7 +51,18 @@ owner -> sidecar
 ``disarm``          exit now
 ==================  =========================================================================
 
-sidecar -> owner: ``ready`` and ``watching`` (``{"op": "ready"}``), nothing else.
+==================  =========================================================================
+sidecar -> owner
+==================  =========================================================================
+``ready``           the answer to ``config``
+``watching``        the answer to ``watch``
+``log``             ``level``, ``msg``, ``created``: one of the sidecar's log records, for the
+                    owner's handlers it cannot write through (only when ``logging.relay``)
+``flush``           the diagnosis is logged: flush those handlers and answer ``logged``
+                    (waited for briefly before the owner is stopped)
+==================  =========================================================================
+
+owner -> sidecar, also: ``logged`` (the answer to ``flush``).
 """
 
 from __future__ import annotations
@@ -70,6 +83,7 @@ from typing import Any
 from healthkit import _judge, _stopsignals
 from healthkit._actions import (
     FailureEvent,
+    flush_logging,
     log_diagnosis,
     write_torchelastic_error_file,
 )
@@ -123,6 +137,103 @@ def _line(**msg: Any) -> bytes:
     return json.dumps(msg).encode() + b"\n"
 
 
+_SIDECAR_FORMAT = "%(asctime)s %(levelname)s healthkit sidecar: %(message)s"
+_STYLES = {logging.PercentStyle: "%", logging.StrFormatStyle: "{", logging.StringTemplateStyle: "$"}
+
+
+def logging_plan(
+    log: logging.Logger,
+) -> tuple[dict[str, Any], list[int], list[logging.Handler]]:
+    """How the sidecar logs as ``log`` would in the owner: its effective level, whether it is
+    disabled, and the handlers a record from it reaches that another process can write
+    through (file handlers by path, stream handlers by file descriptor), each with its
+    level and format. Also the descriptors the sidecar must inherit, and the other handlers
+    (a queue, syslog, a stream with no descriptor, pytest's capture): the sidecar sends its
+    records to the owner for those (``relay``), and the owner hands them over while it can."""
+    handlers: list[dict[str, Any]] = []
+    not_carried: list[logging.Handler] = []
+    fds: list[int] = []
+    current: logging.Logger | None = log
+    seen: set[int] = set()
+    while current is not None:
+        for h in current.handlers:
+            if id(h) in seen:
+                continue
+            seen.add(id(h))
+            spec = _handler_spec(h)
+            if spec is None:
+                not_carried.append(h)
+                continue
+            handlers.append(spec)
+            fd = spec.get("fd")
+            if isinstance(fd, int) and fd > 2:
+                fds.append(fd)
+        current = current.parent if current.propagate else None
+    plan = {
+        "level": log.getEffectiveLevel(),
+        "disabled": log.disabled,
+        "handlers": handlers,
+        "relay": bool(not_carried),
+    }
+    return plan, fds, not_carried
+
+
+def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
+    fmt = h.formatter
+    spec: dict[str, Any] = {
+        "level": h.level,
+        "fmt": fmt._fmt if fmt is not None else None,
+        "datefmt": fmt.datefmt if fmt is not None else None,
+        "style": _STYLES.get(type(fmt._style), "%") if fmt is not None else "%",
+    }
+    if isinstance(h, logging.FileHandler):
+        return {**spec, "path": h.baseFilename, "encoding": h.encoding}
+    if type(h) is logging.StreamHandler:  # a subclass may write elsewhere than its stream
+        try:
+            fd = h.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
+        return {**spec, "fd": fd}
+    return None
+
+
+def apply_logging_plan(plan: dict[str, Any] | None) -> None:
+    """In the sidecar: the owner's handlers, level and ``disabled`` for ``healthkit``; with
+    no handler carried, the sidecar's own line on its stderr (at the owner's level)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    log = logging.getLogger("healthkit")
+    if plan is None:
+        plan = {"level": logging.INFO, "disabled": False, "handlers": []}
+    built: list[logging.Handler] = []
+    for spec in plan["handlers"]:
+        try:
+            handler: logging.Handler
+            if "path" in spec:
+                handler = logging.FileHandler(spec["path"], encoding=spec["encoding"], delay=True)
+            else:
+                stream = os.fdopen(os.dup(spec["fd"]), "w", buffering=1, closefd=True)
+                handler = logging.StreamHandler(stream)
+        except OSError:
+            continue
+        if spec["fmt"] is not None or spec["datefmt"] is not None:
+            handler.setFormatter(
+                logging.Formatter(spec["fmt"], spec["datefmt"], style=spec["style"])
+            )
+        handler.setLevel(spec["level"])
+        built.append(handler)
+    if not built:
+        fallback = logging.StreamHandler(sys.stderr)
+        fallback.setFormatter(logging.Formatter(_SIDECAR_FORMAT))
+        built.append(fallback)
+    for handler in built:
+        log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(plan["level"])
+    log.disabled = bool(plan["disabled"])
+
+
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
@@ -130,7 +241,8 @@ class SidecarLink:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
-        pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else [])
+        log_plan, log_fds, self._relay_to = logging_plan(logger)
+        pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else []) + log_fds
         try:
             self._proc = subprocess.Popen(
                 [
@@ -157,8 +269,16 @@ class SidecarLink:
             kill_grace=kill_grace,
             stop_grace=stop_grace,
             second_look=_judge.SECOND_LOOK_S,
+            logging=log_plan,
         )
         self._expect("ready")
+        if self._relay_to:
+            logger.debug(
+                "%s: the sidecar sends its lines here for %s (it writes through file and "
+                "stream handlers itself)",
+                name,
+                ", ".join(map(repr, self._relay_to)),
+            )
         # From here on every stop signal and every healthkit.stop() target is announced
         # before it can matter; the ones before are sent once, now.
         _stopsignals.subscribe(self._stop_signal)
@@ -215,6 +335,63 @@ class SidecarLink:
         with contextlib.suppress(OSError), self._lock:
             self._sock.sendall(_line(**msg))
 
+    @property
+    def relays(self) -> bool:
+        """Whether the sidecar sends its log records here (handlers it cannot write to)."""
+        return bool(self._relay_to)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def take_messages(self) -> bool:
+        """Handle what the sidecar sent (its log records), without waiting; False once it
+        closed the link. Called by the owner's watcher thread when the socket is readable."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._sock.settimeout(0)
+            try:
+                chunk = self._sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            finally:
+                self._sock.settimeout(_START_TIMEOUT_S)
+            if not chunk:
+                return False
+            self._buf += chunk
+            while b"\n" in self._buf:
+                line, _, self._buf = self._buf.partition(b"\n")
+                self._on_sidecar_line(line)
+            return True
+
+    def _on_sidecar_line(self, line: bytes) -> bool:
+        """Handle a log record or a flush request; False for anything else (a reply)."""
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return False
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "log":
+            record = logging.LogRecord(
+                logger.name, int(msg["level"]), "(healthkit sidecar)", 0, msg["msg"], None, None
+            )
+            record.created = float(msg["created"])
+            for handler in self._relay_to:
+                if record.levelno >= handler.level:
+                    with contextlib.suppress(Exception):
+                        handler.handle(record)
+            return True
+        if op == "flush":
+            for handler in self._relay_to:
+                with contextlib.suppress(Exception):
+                    handler.flush()
+            with contextlib.suppress(OSError):
+                self._sock.sendall(_line(op="logged"))
+            return True
+        return False
+
     def wait_for_action(self, timeout: float) -> None:
         """Give the sidecar time to act on a death it is seeing (it will stop us)."""
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -258,6 +435,9 @@ class SidecarLink:
                 )
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
+        if self._on_sidecar_line(line):
+            self._expect(word)  # a log record relayed meanwhile: the reply is next
+            return
         try:
             op = json.loads(line).get("op")
         except (ValueError, AttributeError):
@@ -267,6 +447,25 @@ class SidecarLink:
 
 
 # ---------------------------------------------------------------------- sidecar process
+class _RelayHandler(logging.Handler):
+    """In the sidecar: send each record to the owner, for its handlers the sidecar cannot
+    write through itself."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = _line(op="log", level=record.levelno, msg=record.getMessage(), created=record.created)
+        with contextlib.suppress(OSError):
+            self.sock.sendall(msg)
+
+
+# How long the sidecar waits for the owner to hand its lines to the handlers it could not
+# write through, before it stops the owner (whose GIL may be held: then nobody answers).
+_OWNER_LOGGED_WAIT_S = 0.5
+
+
 class _Sidecar:
     def __init__(self, sock: socket.socket, peek_fd: int | None) -> None:
         self.sock = sock
@@ -287,6 +486,7 @@ class _Sidecar:
         self.judge: Judge | None = None
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
+        self.owner_logged = False  # the owner answered a flush of the relayed lines
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -347,6 +547,8 @@ class _Sidecar:
         op = msg["op"]
         if op == "disarm":
             self.done = True
+        elif op == "logged":
+            self.owner_logged = True
         elif op == "stop":
             self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
         elif op == "stopped":
@@ -491,6 +693,12 @@ class _Sidecar:
             "stopping the owner (pid %d) so the launcher tears the job down",
             config["owner_pid"],
         )
+        flush_logging(logger)
+        if (self.config.get("logging") or {}).get("relay"):
+            # The owner writes these lines to its other handlers if it still can.
+            with contextlib.suppress(OSError):
+                self.sock.sendall(_line(op="flush"))
+            self.pump(lambda: self.owner_logged, _OWNER_LOGGED_WAIT_S)
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
@@ -516,6 +724,9 @@ class _Sidecar:
             if msgs is None:
                 return 0
             self.config = msgs[0]
+        apply_logging_plan(self.config.get("logging"))
+        if (self.config.get("logging") or {}).get("relay"):
+            logging.getLogger("healthkit").addHandler(_RelayHandler(self.sock))
         try:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:
@@ -558,11 +769,8 @@ class _Sidecar:
 def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # group stops are for the owner to handle
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s healthkit sidecar: %(message)s",
-    )
+    # Until the owner's configuration arrives (apply_logging_plan), its own line on stderr.
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_SIDECAR_FORMAT)
     sock = socket.socket(fileno=int(argv[0]))
     peek_fd = int(argv[1])
     return _Sidecar(sock, peek_fd if peek_fd >= 0 else None).run()

@@ -30,7 +30,16 @@ from multiprocessing.process import BaseProcess
 from typing import Literal
 
 from healthkit import _stopsignals
-from healthkit._actions import Action, FailureEvent, default_actions, flush_logging
+from healthkit._actions import (
+    Action,
+    FailureEvent,
+    default_actions,
+    flush_logging,
+    interactive_shell,
+    log_diagnosis,
+    raise_in_cell,
+    write_torchelastic_error_file,
+)
 from healthkit._decide import Decision, OnCleanExit, Verdict, check_on_clean_exit, decide
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import (
@@ -179,6 +188,8 @@ class DisarmableWatchdog:
         self.actions: list[Action] = (
             _check_actions(actions) if actions is not None else default_actions(exit_code)
         )
+        self._default_actions = actions is None
+        self._interactive = False  # armed in an interactive shell (see _for_interactive_shell)
         self._diagnoser = diagnoser
         self._owns_diagnoser = False
         self._lock = threading.RLock()
@@ -311,6 +322,7 @@ class DisarmableWatchdog:
                     "reported as a failure. Arm one watchdog from the main thread first",
                     self.name,
                 )
+            self._for_interactive_shell()
             for action in self.actions:
                 prepare = getattr(action, "prepare", None)
                 if prepare is not None:
@@ -320,7 +332,7 @@ class DisarmableWatchdog:
             self._armed = True
             _ARMED.add(self)
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
-            if self.mode == "sidecar":
+            if self.mode == "sidecar" and not self._interactive:
                 link = SidecarLink(
                     name=self.name, kill_grace=self.kill_grace, stop_grace=self.stop_grace
                 )
@@ -329,12 +341,53 @@ class DisarmableWatchdog:
                     link.watch(record)
                 self._sidecar_watch = link.process_watch()
                 watch_set.add(self._sidecar_watch)
+                if link.relays:
+                    fd = link.fileno()
+
+                    def take_messages() -> None:
+                        if not link.take_messages():
+                            watch_set.remove_fd(fd)  # closed: its death is seen on its own
+
+                    watch_set.add_fd(fd, take_messages)
             self._set = watch_set
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
             )
             self._thread.start()
             return self
+
+    def _for_interactive_shell(self) -> None:
+        """In an IPython shell (a Jupyter kernel), ending the process would end the kernel
+        and lose every variable: the default actions raise ProcessDiedError in the running
+        cell instead, and a sidecar (which would SIGTERM the kernel) is not started: a
+        thread watches. Said once, at WARNING. Explicit ``actions=`` are kept as given."""
+        was_interactive, self._interactive = self._interactive, False
+        if not self._default_actions:
+            return
+        shell = None
+        if threading.current_thread() is threading.main_thread():
+            shell = interactive_shell()
+        if shell is None:
+            if was_interactive:
+                self.actions = default_actions(self.exit_code)
+            return
+        self._interactive = True
+        self.actions = [
+            log_diagnosis(),
+            write_torchelastic_error_file(),
+            raise_in_cell(shell),
+        ]
+        logger.warning(
+            "%s: armed in an interactive session (%s): a helper's death raises "
+            "ProcessDiedError in the running cell instead of ending the kernel%s. Pass "
+            "actions= to choose otherwise",
+            self.name,
+            type(shell).__name__,
+            "; mode='sidecar' would stop the kernel, so a thread watches instead (it cannot "
+            "act while a call holds the GIL)"
+            if self.mode == "sidecar"
+            else "",
+        )
 
     def disarm(self, timeout: float | None = 5.0, *, reason: str = "disarm()") -> None:
         """Stop watching; from now on no exit fires. Idempotent; safe from an action.
@@ -539,6 +592,8 @@ class DisarmableWatchdog:
             diagnosis,
         )
         flush_logging(logger)
+        if self._set is not None:
+            self._set.remove_fd(link.fileno())  # its log relay, if any: closed next
         link.close()
         for r in list(self._records.values()):
             if r.watch is not None and r.watch.status is not None and not r.watch.closed:

@@ -11,6 +11,7 @@ from healthkit._actions import (
     default_actions,
     exit_process,
     log_diagnosis,
+    raise_in_cell,
     raise_in_main_thread,
     write_torchelastic_error_file,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "default_actions",
     "exit_process",
     "log_diagnosis",
+    "raise_in_cell",
     "raise_in_main_thread",
     "write_torchelastic_error_file",
 ]

@@ -140,3 +140,106 @@ def test_an_interrupted_kernel_reports_a_helper_that_fails_afterwards(
             os.kill(helper_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+DEFAULTS = """
+import multiprocessing as mp, os, time
+import healthkit
+
+def helper():
+    time.sleep(600)
+
+p = mp.get_context("fork").Process(target=helper, name="sampler", daemon=True)
+p.start()
+wd = healthkit.DisarmableWatchdog([p], mode={mode!r})  # the default actions
+wd.arm()
+print("HELPER", p.pid)
+"""
+
+
+def _kill_later(pid: int, delay: float) -> None:
+    import threading
+
+    threading.Timer(delay, os.kill, (pid, signal.SIGKILL)).start()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_default_actions_in_a_kernel_raise_in_the_running_cell_and_the_kernel_lives_on(
+    kernel: Kernel, mode: str
+) -> None:
+    out, errors = kernel.run(DEFAULTS.format(mode=mode))
+    assert not errors, errors
+    helper_pid = int(out.split("HELPER")[1].split()[0])
+    # Said once, at arm(): what the default actions do here instead of ending the kernel.
+    assert out.count("armed in an interactive session (ZMQInteractiveShell)") == 1, out
+    assert "raises ProcessDiedError in the running cell instead of ending the kernel" in out
+    if mode == "sidecar":
+        assert "mode='sidecar' would stop the kernel, so a thread watches instead" in out
+    assert "wd.sidecar_pid is None" in kernel.run("print('wd.sidecar_pid is', wd.sidecar_pid)")[0]
+    _kill_later(helper_pid, 1.0)
+    out, errors = kernel.run("import time; time.sleep(30); print('NOT REACHED')", timeout=60)
+    assert [e["ename"] for e in errors] == ["ProcessDiedError"], (out, errors)
+    assert f"sampler (pid {helper_pid}) was killed by SIGKILL" in errors[0]["evalue"]
+    assert "NOT REACHED" not in out
+    assert f"ERROR healthkit watchdog: sampler (pid {helper_pid}) was killed by SIGKILL" in out
+    out, errors = kernel.run("print('still here', wd.fired is not None)")
+    assert not errors and "still here True" in out, (out, errors)
+    assert kernel.km.is_alive()
+
+
+@pytest.mark.timeout(120)
+def test_a_death_while_the_kernel_is_idle_is_raised_by_the_next_cell_before_its_code(
+    kernel: Kernel,
+) -> None:
+    out, errors = kernel.run(DEFAULTS.format(mode="thread"))
+    assert not errors, errors
+    helper_pid = int(out.split("HELPER")[1].split()[0])
+    os.kill(helper_pid, signal.SIGKILL)  # no cell is running
+    time.sleep(2.0)
+    assert kernel.km.is_alive()
+    out, errors = kernel.run("print('NOT REACHED')")
+    assert [e["ename"] for e in errors] == ["ProcessDiedError"], (out, errors)
+    assert "NOT REACHED" not in out
+    out, errors = kernel.run("print('still here')")  # raised once, then the kernel carries on
+    assert not errors and "still here" in out, (out, errors)
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_script_that_imports_ipython_still_exits_on_a_helper_death(
+    tmp_path: Path,
+) -> None:
+    """The twin: not a kernel (IPython imported, no shell running), the default actions end
+    the process with code 1 as in any script, and nothing is said about a session."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import IPython, multiprocessing as mp, os, signal, time\n"
+        "import healthkit\n"
+        "p = mp.get_context('fork').Process(target=time.sleep, args=(600,), name='sampler',"
+        " daemon=True)\n"
+        "p.start()\n"
+        "healthkit.DisarmableWatchdog([p]).arm()\n"
+        "os.kill(p.pid, signal.SIGKILL)\n"
+        "time.sleep(30)\n"
+        "print('NOT REACHED')\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 1, proc.stderr
+    assert "NOT REACHED" not in proc.stdout
+    assert "sampler (pid" in proc.stderr and "was killed by SIGKILL" in proc.stderr
+    assert "interactive session" not in proc.stderr
+
+
+def test_raise_in_cell_refuses_what_is_not_a_shell() -> None:
+    import healthkit
+
+    with pytest.raises(healthkit.InvalidArgumentTypeError, match="running IPython shell") as e:
+        healthkit.actions.raise_in_cell(None)
+    assert e.value.argument == "shell"
+    with pytest.raises(healthkit.InvalidArgumentError, match="SIGTERM"):
+        healthkit.actions.raise_in_cell(
+            type("Shell", (), {"events": 0, "input_transformers_post": []})(), signal.SIGTERM
+        )

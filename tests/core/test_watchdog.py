@@ -747,3 +747,77 @@ def test_a_disarmed_watchdog_leaves_the_helper_tree_alone() -> None:
     proc, _ = run_owner("disarm-then-kill-with-tree", "--helpers", "1")
     assert "TREE ALIVE" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- logging
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_the_diagnosis_goes_to_the_applications_log_file_in_thread_and_sidecar_mode(
+    mode: str, tmp_path: Path
+) -> None:
+    """The owner logs to app.log (a FileHandler, its own format): the sidecar writes its
+    lines there too, through the handler it was given at arm(), not to raw stderr."""
+    app_log = tmp_path / "app.log"
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-file", str(app_log))
+    text = app_log.read_text()
+    name = "healthkit watchdog (sidecar)" if mode == "sidecar" else "healthkit watchdog"
+    assert (
+        f"APP ERROR healthkit: {name}: helper-0 (pid {pids[0]}) was killed by SIGKILL" in text
+    ), text
+    assert "healthkit" not in proc.stderr, proc.stderr  # nothing in any other format
+    if mode == "sidecar":
+        assert "APP ERROR healthkit: stopping the owner (pid " in text, text
+        assert proc.returncode == -signal.SIGTERM
+    else:
+        assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+@pytest.mark.parametrize("silence", [["--log-level", "CRITICAL"], ["--log-disabled"]])
+def test_a_silenced_healthkit_logger_prints_nothing_but_the_watchdog_still_acts_sidecar_too(
+    mode: str, silence: list[str]
+) -> None:
+    """No handler configured: the fallback print honours the logger's level and disabled
+    (in the sidecar as in the owner), and the job is still failed."""
+    proc, _pids = run_owner("kill-helper", "--mode", mode, *silence)
+    assert "healthkit" not in proc.stderr and "SIGKILL" not in proc.stderr, proc.stderr
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_with_no_logging_configured_the_line_is_printed_with_its_level_sidecar_too(
+    mode: str,
+) -> None:
+    """The twin of the silenced logger: unconfigured, the diagnosis is still printed."""
+    proc, pids = run_owner("kill-helper", "--mode", mode)
+    who = "healthkit sidecar: healthkit watchdog (sidecar)" if mode == "sidecar" else (
+        "healthkit watchdog"
+    )
+    line = f"ERROR {who}: helper-0 (pid {pids[0]}) was killed by SIGKILL"
+    assert line in proc.stderr, proc.stderr
+
+
+def test_the_owner_hands_the_sidecars_lines_to_a_handler_the_sidecar_cannot_share() -> None:
+    """A handler of the application's own (not a file or stream handler) cannot be opened by
+    the sidecar: the owner, while it can run, passes the sidecar's lines to it before the
+    sidecar stops it."""
+    proc, pids = run_owner("kill-helper", "--mode", "sidecar", "--log-custom")
+    assert (
+        f"CUSTOM ERROR healthkit: healthkit watchdog (sidecar): helper-0 (pid {pids[0]}) was "
+        "killed by SIGKILL" in proc.stdout
+    ), (proc.stdout, proc.stderr)
+    assert "CUSTOM ERROR healthkit: stopping the owner (pid " in proc.stdout, proc.stdout
+    assert proc.returncode == -signal.SIGTERM
+
+
+@pytest.mark.timeout(120)
+def test_a_sidecar_with_a_custom_handler_still_stops_an_owner_holding_the_gil() -> None:
+    """The twin: the owner's GIL is held, so it cannot hand anything over; the sidecar does
+    not wait for it beyond its short bound, writes its own line to stderr and stops it."""
+    start = time.monotonic()
+    proc, pids = run_owner(
+        "kill-helper", "--mode", "sidecar", "--log-custom", "--gil-held-sleep", "60", timeout=90
+    )
+    assert time.monotonic() - start < 45
+    assert proc.returncode == -signal.SIGTERM
+    assert "CUSTOM ERROR" not in proc.stdout, proc.stdout
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr

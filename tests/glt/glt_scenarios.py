@@ -592,6 +592,71 @@ def scenario_hk_sampling_error(entry: str = "nodes") -> None:
     _result(outcome="finished", batches=batches)
 
 
+def _stalling_sampler_factory(**kwargs: Any) -> Any:
+    """GLT's real DistNeighborSampler whose node sampling blocks for good from its 3rd call,
+    in every worker: live workers that stop sending (the stack dump must name this)."""
+    import healthkit_glt as hg
+
+    base = hg.create_dist_sampler(**kwargs)
+    calls = [0]
+    original = base._sample_from_nodes
+
+    async def stall_in_sampling_forever(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        while calls[0] >= 3:
+            time.sleep(3600)
+        return await original(*args, **kw)
+
+    base._sample_from_nodes = stall_in_sampling_forever
+    return base
+
+
+def scenario_hk_steady_state_stall(bound: str = "3") -> None:
+    """Every live worker stops sending mid-epoch; the fetch loop polls ``recv(timeout_ms=200)``
+    (GiGL's shape). Reports each poll's outcome and what was logged, and when."""
+    import healthkit_glt as hg
+    import torch
+    from graphlearn_torch.channel import QueueTimeoutError, ShmChannel
+    from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
+
+    records: list[tuple[float, str, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((time.monotonic(), record.levelname, record.getMessage()))
+
+    logging.getLogger("healthkit").addHandler(Keep())
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
+    config = SamplingConfig(SamplingType.NODE, list(fx.NUM_NEIGHBORS), 32, True, False,
+                            False, True, with_neg=False, with_weight=False, edge_dir="out",
+                            seed=1)  # fmt: skip
+    producer = hg.DistSamplingProducer(
+        dataset, NodeSamplerInput(node=torch.arange(fx.NUM_NODES)), config,
+        fx.make_worker_options(), ShmChannel(2, "16MB"),
+        sampler_factory=_stalling_sampler_factory, steady_state_rpc_timeout=float(bound),
+    )  # fmt: skip
+    producer.init()
+    batches, timeouts, last_batch = 0, 0, time.monotonic()
+    try:
+        producer.produce_all()
+        deadline = time.monotonic() + 4 * float(bound) + 10
+        while time.monotonic() < deadline:
+            try:
+                producer.recv(timeout_ms=200)
+                batches += 1
+                last_batch = time.monotonic()
+            except QueueTimeoutError:
+                timeouts += 1
+        alive = [w.is_alive() for w in producer.workers]
+        pids = [w.pid for w in producer.workers]
+    finally:
+        producer.shutdown()
+    stalls = [(t - last_batch, m) for t, lvl, m in records if lvl == "WARNING" and "no batch" in m]
+    _result(batches=batches, timeouts=timeouts, workers_alive=alive, worker_pids=pids,
+            stalls=stalls, children_left=procs.spawned_worker_pids())  # fmt: skip
+
+
 def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> None:
     now = time.time()
     workers = producer.workers
@@ -823,6 +888,7 @@ SCENARIOS = {
     "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),
     "hk-epoch-oom": lambda a: scenario_hk_epoch_oom(*a),
     "hk-fail-rebuild": lambda a: scenario_hk_fail_rebuild(*(int(x) for x in a)),
+    "hk-steady-state-stall": lambda a: scenario_hk_steady_state_stall(*a),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

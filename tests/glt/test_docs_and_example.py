@@ -51,7 +51,7 @@ def test_the_example_trains_two_epochs(tmp_path: Path) -> None:
     # logging configured at the script's module level reaches the spawned workers too
     for rank in (0, 1):
         assert (
-            f"INFO healthkit_glt: sampling worker {rank} past the init barrier; RPC request "
+            f"INFO healthkit.glt: sampling worker {rank} past the init barrier; RPC request "
             "timeout narrowed from 120s (bring-up) to 30s (steady state)"
         ) in proc.stderr, proc.stderr
 

@@ -471,7 +471,7 @@ def test_a_c_library_whose_semaphores_differ_gets_the_thread_receiver(
     channel = ShmChannel(2, "1MB")
     with pytest.raises(hg.RingLayoutError, match="sem_t does not hold its value"):
         open_receiver(channel, [], mode="ring")
-    with caplog.at_level("WARNING", logger="healthkit_glt"):
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
         fallback = open_receiver(channel, [])
     assert isinstance(fallback, ThreadReceiver)
     fallback.stop()
@@ -506,7 +506,7 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     try:
         with pytest.raises(hg.RingLayoutError, match=r"not graphlearn-torch 0\.2\.4's layout"):
             open_receiver(channel, [], mode="ring")
-        with caplog.at_level("WARNING", logger="healthkit_glt"):
+        with caplog.at_level("WARNING", logger="healthkit.glt"):
             fallback = open_receiver(channel, [])
         assert isinstance(fallback, ThreadReceiver)
         assert "receiving through a helper thread instead" in caplog.text
@@ -903,7 +903,7 @@ def test_shutdown_during_an_epoch_logs_its_escalation_at_warning_and_releases_th
     run = sc.run_scenario("hk-shutdown-mid-epoch", ["0.5"], timeout=150)
     assert run.returncode == 0, run.output
     r = run.result
-    assert "WARNING healthkit_glt: sampling workers" in run.output
+    assert "WARNING healthkit.glt: sampling workers" in run.output
     assert "did not end within 0.5s of the stop request; sending SIGTERM" in run.output
     assert r["worker_exit_codes"] == [0, 0]
     assert r["shutdown_s"] < 0.5 + 5.0 + 2.0
@@ -926,7 +926,7 @@ def test_this_glt_build_writes_the_ring_layout_the_ring_reader_checks(
     print(f"graphlearn-torch {hg.glt_version()} ({hg.glt_build()})")
     assert hg.glt_version() in ("0.2.4", "0.2.4+git26fe3d4")
     channel = ShmChannel(2, "1MB")
-    with caplog.at_level("WARNING", logger="healthkit_glt"):
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
         receiver = open_receiver(channel, [])
     assert isinstance(receiver, RingReceiver), caplog.text
     assert "helper thread" not in caplog.text
@@ -1028,3 +1028,36 @@ def test_failed_and_rebuilt_loaders_leave_this_process_as_it_was() -> None:
     assert [x["diff"] for x in r["runs"]] == [{}, {}, {}], r["runs"]
     assert r["before"]["segments"] == [] and r["before"]["sysv_mappings"] == 0
     assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_a_steady_state_stall_with_every_worker_alive_logs_their_stacks_once() -> None:
+    """Live sampling workers stop sending mid-epoch; the fetch loop polls recv(timeout_ms=200).
+    Every poll still raises QueueTimeoutError (the loop decides); once no batch has come for
+    the steady-state RPC timeout (3 s here) the live workers' stacks are logged at WARNING,
+    once for the whole stall, naming where they wait. Polls before the bound log nothing."""
+    run = sc.run_scenario("hk-steady-state-stall", ["3"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["batches"] >= 2 and r["timeouts"] > 20, r  # polls went on, each one raised
+    assert r["workers_alive"] == [True, True], r
+    assert len(r["stalls"]) == 1, r["stalls"]  # once per stall, not once per poll
+    after, text = r["stalls"][0]
+    assert 3.0 <= after < 6.0, r["stalls"]  # not before the bound
+    assert "while every sampling worker is alive" in text and "(3s)" in text, text
+    for rank, pid in enumerate(r["worker_pids"]):
+        assert f"--- stack of sampling worker {rank} (pid {pid}) ---" in text, text
+    assert text.count("stall_in_sampling_forever") >= 2, text  # each worker's own frame
+    assert r["children_left"] == [], r
+
+
+def test_healthkit_glt_logs_under_healthkit_glt_in_the_healthkit_tree() -> None:
+    """One logger tree: a setting on ``healthkit`` reaches healthkit_glt's lines too."""
+    import importlib
+    import logging
+
+    for name in ("_compat", "_lease", "_loader", "_producer", "_receive", "_remote", "_server",
+                 "_worker"):  # fmt: skip
+        module = importlib.import_module(f"healthkit_glt.{name}")
+        assert module.logger is logging.getLogger("healthkit.glt"), name
+    assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -77,6 +78,13 @@ TABLE = {
 }
 
 
+class PrintHandler(logging.Handler):
+    """A handler of the application's own (not a file or stream handler): prints to stdout."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"CUSTOM {record.levelname} {record.name}: {record.getMessage()}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario")
@@ -88,7 +96,24 @@ def main() -> None:
     ap.add_argument("--policy", default="fail")
     ap.add_argument("--sigterm-exits", action="store_true")
     ap.add_argument("--stop-grace", type=float, default=30.0)
+    ap.add_argument("--log-file", help="the application's logging: a FileHandler on the root")
+    ap.add_argument("--log-level", help="set on the healthkit logger (e.g. CRITICAL)")
+    ap.add_argument("--log-disabled", action="store_true", help="healthkit logger disabled")
+    ap.add_argument("--log-custom", action="store_true", help="a handler no process can share")
     args = ap.parse_args()
+
+    if args.log_file:
+        logging.basicConfig(
+            filename=args.log_file,
+            level=logging.INFO,
+            format="APP %(levelname)s %(name)s: %(message)s",
+        )
+    if args.log_custom:
+        logging.getLogger().addHandler(PrintHandler())
+    if args.log_level:
+        logging.getLogger("healthkit").setLevel(args.log_level)
+    if args.log_disabled:
+        logging.getLogger("healthkit").disabled = True
 
     if args.sigterm_exits:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -32,7 +32,7 @@ from graphlearn_torch.channel import ChannelBase, ShmChannel
 
 __all__ = ["RingSegment", "glt_build", "glt_version"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p

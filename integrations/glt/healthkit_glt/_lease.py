@@ -47,7 +47,7 @@ __all__ = [
     "set_keepalive",
 ]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 CONNECTION_TIMEOUT_ENV = "HEALTHKIT_GLT_CONNECTION_TIMEOUT_SECONDS"
 """How long a peer's machine or network may stay silent before its lease ends (default 10)."""

@@ -45,7 +45,7 @@ from healthkit_glt._server import serve_create, serve_hello, serve_start_epoch
 
 __all__ = ["DistNeighborLoader"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 
 class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]

@@ -40,11 +40,12 @@ import os
 import queue
 import shutil
 import tempfile
+import time
 import weakref
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from graphlearn_torch.channel import ChannelBase
+from graphlearn_torch.channel import ChannelBase, QueueTimeoutError
 from graphlearn_torch.distributed import DistMpSamplingProducer
 from graphlearn_torch.distributed.dist_sampling_producer import MpCommand
 from graphlearn_torch.utils import seed_everything
@@ -85,7 +86,7 @@ from healthkit_glt._worker import (
 
 __all__ = ["DistSamplingProducer", "SamplingError", "SamplingWorkerDiedError"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 INIT_ABORT_GRACE_S = 0.05
 
@@ -214,6 +215,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._segment: RingSegment | None = None
         self._diagnoser: ExitDiagnoser | None = None
         self._batches_received = 0  # since the last produce_all(), for the error message
+        self._last_batch_at = time.monotonic()  # or the epoch's start: when the stall began
+        self._stall_reported = False  # its stacks are logged once per stall
         super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
         self.timeouts: TimeoutPlan = resolve_timeouts(
             rpc_init_timeout=rpc_init_timeout,
@@ -392,6 +395,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self._failure is not None:
             raise self._failure
         self._batches_received = 0
+        self._last_batch_at, self._stall_reported = time.monotonic(), False
         super().produce_all()
 
     def recv(self, timeout_ms: int | None = None) -> Any:
@@ -412,10 +416,40 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             msg, ended = receiver.receive(timeout_ms / 1000 if timeout_ms else None)
         except ErrorReported as report:
             raise self._fail_on_report(report) from None
+        except QueueTimeoutError:
+            self._report_stall()
+            raise
         if not ended:
             self._batches_received += 1
+            self._last_batch_at, self._stall_reported = time.monotonic(), False
             return msg
         raise self._fail(ended)
+
+    def _report_stall(self) -> None:
+        """A timed receive found no batch and every worker alive. Once no batch has come for
+        the steady-state RPC timeout (the bound a worker's own sampling RPCs get), the
+        workers are likely stuck rather than slow: log where each one is, once per stall.
+        Nothing is torn down: the caller's loop decides (a slow epoch is not a failure)."""
+        stalled = time.monotonic() - self._last_batch_at
+        bound = self.timeouts.steady_state_rpc_timeout
+        barrier = self._init_barrier
+        if self._stall_reported or stalled < bound or barrier is None:
+            return
+        self._stall_reported = True
+        live = [w for w in self._workers if w.pid is not None and w.is_alive()]
+        stacks = barrier.dump_stacks([w.pid for w in live if w.pid is not None])
+        lines = [
+            f"no batch for {stalled:.1f}s (batch {self._batches_received + 1} of this epoch) "
+            f"while every sampling worker is alive: longer than the steady-state RPC timeout "
+            f"({bound:g}s), so they are likely stuck rather than slow. Their stacks below show "
+            "where each one waits (said once per stall; nothing is stopped)"
+        ]
+        for rank, w in enumerate(self._workers):
+            if w in live:
+                text = stacks.get(w.pid or 0) or "(no stack: it did not answer)"
+                lines.append(f"--- stack of sampling worker {rank} (pid {w.pid}) ---")
+                lines.append(text.rstrip())
+        logger.warning("%s", "\n".join(lines))
 
     def _fail_on_report(self, report: ErrorReported) -> SamplingError:
         pid = self._workers[report.rank].pid if 0 <= report.rank < len(self._workers) else None

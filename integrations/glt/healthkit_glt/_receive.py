@@ -71,7 +71,7 @@ __all__ = [
     "open_receiver",
 ]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 ReceiverMode = Literal["auto", "ring", "thread"]
 RECEIVER_MODES: tuple[str, ...] = ("auto", "ring", "thread")

@@ -43,7 +43,7 @@ from healthkit_glt._server import serve_fetch, serve_release
 
 __all__ = ["RemoteFetcher", "ServerLink"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 _LEASE_SETTLE_S = 1.0  # after a failed RPC, how long to wait for the lease to tell why
 

@@ -47,7 +47,7 @@ from healthkit_glt._version import __version__
 
 __all__ = ["DistServer", "init_server", "wait_and_shutdown_server"]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 _MAX_FETCH_WAIT_S = 60.0
 LEASE_END_GRACE_S = 0.0  # a client that is gone: SIGTERM its producers' workers at once

@@ -43,7 +43,7 @@ __all__ = [
     "teardown_sampling_worker",
 ]
 
-logger = logging.getLogger("healthkit_glt")
+logger = logging.getLogger("healthkit.glt")
 
 
 class SamplerFactory(Protocol):
