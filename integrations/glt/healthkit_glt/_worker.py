@@ -25,7 +25,7 @@ import attrs
 from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier
-from healthkit.lowlevel import die_with_parent
+from healthkit.lowlevel import die_with_parent, flush_logging
 
 __all__ = [
     "SamplerFactory",
@@ -472,11 +472,7 @@ def _exit_with_traceback(ctx: SamplingWorkerContext) -> None:
     """Leave the current exception's text for the parent and exit 1 now (no teardown)."""
     _write_traceback(ctx)
     traceback.print_exc()
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:
-            pass
+    flush_logging(logger)
     os._exit(1)
 
 
