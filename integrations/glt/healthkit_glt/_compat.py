@@ -28,7 +28,14 @@ import logging
 import pickle
 from typing import Any
 
-from graphlearn_torch.channel import ChannelBase, ShmChannel
+from healthkit_glt._stack import stack_error
+
+# The first graphlearn-torch import of the package (__init__ imports this module first): a
+# missing or broken stack fails here with what to install, not with GLT's own error.
+try:
+    from graphlearn_torch.channel import ChannelBase, ShmChannel
+except Exception as e:  # ImportError, or GLT's RuntimeError on a torch it was not built for
+    raise stack_error(e) from e
 
 __all__ = ["RingSegment", "glt_build", "glt_version"]
 
