@@ -71,7 +71,7 @@ WorkerLoop = Callable[["SamplingWorkerContext"], None]
 """A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
-class SerializedSendChannel(ChannelBase):
+class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
     """A channel whose ``send()`` holds a lock shared by every sampling worker of a producer.
 
     Why: GLT 0.2.4's ``ShmChannel`` is not safe for concurrent writers. A writer claims a
