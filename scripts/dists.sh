@@ -25,7 +25,8 @@
 #       `pipeline-healthkit-glt[torch23]` extra resolves without installing anything of the
 #       stack on torch 2.3 and fails to resolve on torch 2.8, and the wheels installed there
 #       (not editable) run examples/glt_loader.py: two epochs, and a worker SIGKILLed
-#       mid-epoch that ends the loader with its diagnosis.
+#       mid-epoch that ends the loader with its diagnosis; without torch_sparse, and with
+#       PyPI's graphlearn-torch on torch 2.8, `import healthkit_glt` says what to install.
 #   scripts/dists.sh python VERSION
 #       print the interpreter used for VERSION; exit 3 when this machine has none.
 #
@@ -171,6 +172,7 @@ stacks() {
   "$work/checkout/bin/pip" install -q . integrations/graphlearn
   "$work/checkout/bin/pip" install -q . integrations/glt
   "$work/checkout/bin/python" -m pip check
+  rm -rf build/lib build/bdist.* integrations/*/build  # setuptools' in-tree leftovers
   local venv
   for venv in "$work/empty" "$work/checkout"; do
     (cd "$work/run" && "$venv/bin/python" - <<'EOF'
@@ -225,6 +227,35 @@ EOF
     fi
     # Not editable, next to (not over) the stack venv's own editable copies.
     "$env/bin/python" "${pipq[@]}" --no-index --no-deps --ignore-installed "$core" "$glt" "$gl"
+    # graphlearn-torch's undeclared torch_sparse missing: the import says what to build.
+    (cd "$work/run" && "$env/bin/python" -c '
+import sys
+sys.modules["torch_sparse"] = None  # as if not installed: importing it raises
+try:
+    import healthkit_glt
+except ImportError as e:
+    assert "torch_sparse, which it does not declare" in str(e), e
+    print("  without torch_sparse: ImportError:", str(e)[14:100], "...")
+else:
+    raise AssertionError("imported without torch_sparse")
+') || return 1
+    if [[ $torch != 2.3.* && -x .venv-glt/bin/python ]]; then
+      # PyPI's graphlearn-torch wheel on this torch (it is built for 2.3): said, not crashed.
+      local pypi; pypi=$(.venv-glt/bin/python -c \
+        'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+      mkdir -p "$work/pypi-glt"
+      ln -s "$pypi/graphlearn_torch" "$pypi"/graphlearn_torch-0.2.4.dist-info "$work/pypi-glt/"
+      (cd "$work/run" && PYTHONPATH=$work/pypi-glt "$env/bin/python" -c '
+try:
+    import healthkit_glt
+except ImportError as e:
+    assert "graphlearn-torch 0.2.4 from PyPI is built against torch 2.3.0" in str(e), e
+    assert "[torch23]" in str(e) and "built from source" in str(e), e
+    print("  with PyPI graphlearn-torch 0.2.4: ImportError:", str(e)[41:120], "...")
+else:
+    raise AssertionError("PyPI graphlearn-torch 0.2.4 imported on torch 2.8")
+') || return 1
+    fi
     (cd "$work/run" && "$env/bin/python" -c '
 import sysconfig, healthkit, healthkit_glt
 for m in (healthkit, healthkit_glt):

@@ -35,7 +35,8 @@ _UNDECLARED = {
     "compiled against the installed torch",
 }
 # PyPI's graphlearn-torch wheels are built against this torch; from 2.5 on they do not import
-# without a GPU (upstream fixed `torch.device(0)` after the 0.2.4 release, #151).
+# (without a GPU: upstream fixed `torch.device(0)` after the 0.2.4 release, #151; on torch
+# 2.8 its extension does not even load: undefined C++ symbols).
 _PYPI_GLT_TORCH = Version("2.3.0")
 _FIRST_TORCH_PYPI_GLT_FAILS = Version("2.5")
 
@@ -74,8 +75,7 @@ def stack_error(exc: BaseException) -> ImportError:
     elif _release_on_newer_torch(glt, torch):
         what = (
             f"graphlearn-torch {glt} from PyPI is built against torch {_PYPI_GLT_TORCH} and "
-            f"does not import with torch {torch} on a machine without a GPU "
-            f"({type(exc).__name__}: {exc})"
+            f"does not import with torch {torch} ({type(exc).__name__}: {exc})"
         )
     else:
         what = (
