@@ -28,6 +28,8 @@ import logging
 import pickle
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from healthkit_glt._stack import stack_error
 
 # The first graphlearn-torch import of the package (__init__ imports this module first): a
@@ -76,8 +78,13 @@ def glt_version() -> str:
 def glt_build() -> str:
     """``"release <v>"`` or ``"source <label>"``: which of the supported builds this is."""
     version = glt_version()
-    public, _, local = version.partition("+")
-    return f"source {local} (version {public})" if local else f"release {public}"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:  # "unknown": not installed as a distribution
+        return f"release {version}"
+    if parsed.local:
+        return f"source {parsed.local} (version {parsed.public})"
+    return f"release {parsed.public}"
 
 
 def channel_shmid(channel: ChannelBase) -> int | None:
