@@ -184,7 +184,7 @@ try:
     import healthkit_glt  # noqa: F401
 except ImportError as e:
     msg = str(e)
-    for want in ("torch is not installed", "pipeline-healthkit-glt[torch23]", "torch-sparse",
+    for want in ("torch is not installed", "-py3-none-any.whl[torch23]", "torch-sparse",
                  "built from source"):
         assert want in msg, (want, msg)
     print(f"  installed {installed}; import healthkit_glt: ImportError: {msg[:90]}...")

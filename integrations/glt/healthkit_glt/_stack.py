@@ -16,12 +16,15 @@ import importlib.metadata
 
 from packaging.version import InvalidVersion, Version
 
+from healthkit_glt._version import __version__
+
 __all__ = ["INSTALL_HINT", "stack_error"]
 
 INSTALL_HINT = (
     "install one of the two tested stacks first (docs/glt.md, 'Supported versions'): "
-    "PyPI's, with `pip install 'pipeline-healthkit-glt[torch23]'` (torch 2.3.0, "
-    "graphlearn-torch 0.2.4, torch_geometric 2.6.1, numpy<2) and then "
+    "PyPI's, with this distribution's `torch23` extra (torch 2.3.0, graphlearn-torch 0.2.4, "
+    "torch_geometric 2.6.1, numpy<2: `pip install "
+    f"'pipeline_healthkit_glt-{__version__}-py3-none-any.whl[torch23]'`) and then "
     "`FORCE_ONLY_CPU=1 pip install --no-build-isolation torch-scatter==2.1.2 "
     "torch-sparse==0.6.18`; or GiGL's: torch 2.8.0 and graphlearn-torch built from source "
     "(docs/glt.md, 'Building graphlearn-torch from source the way GiGL does')"
