@@ -26,6 +26,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS_SCRIPTS = ROOT / "tests" / "scripts"
+if str(ROOT / "tests") not in sys.path:  # the test suite's shared helpers (free_port)
+    sys.path.append(str(ROOT / "tests"))
+from testutil import free_port as free_port  # noqa: E402
+
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "sleep"
 
 

@@ -27,7 +27,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from _common import (
     TESTS_SCRIPTS,
     Page,
     fmt_s,
+    free_port,
     kill_session,
     list_s,
     now_ns,
@@ -69,12 +69,6 @@ TARGETS = [
     for shape in FULL_SHAPES
     for variant in FULL_VARIANTS
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Agent:

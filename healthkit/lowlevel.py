@@ -2,9 +2,10 @@
 
 Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
 stack-dump opt-in, the one validator of timeouts and bounds (integrations use it too),
-environment-variable readers and ``/proc`` readers.
+environment-variable readers, ``/proc`` readers, and the log flush to call before ``os._exit``.
 """
 
+from healthkit._actions import flush_logging
 from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
 from healthkit._errors import MAX_TIMEOUT_S, check_bound, check_timeout
@@ -32,6 +33,7 @@ __all__ = [
     "dump_stacks",
     "enable_stack_dumps",
     "env_seconds",
+    "flush_logging",
     "note_stop",
     "read_env_seconds",
     "read_proc_stat",

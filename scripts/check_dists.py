@@ -24,6 +24,11 @@ DISTS = {
 }
 # The unrelated PyPI project that owns the name; no distribution of ours may pull it in.
 FOREIGN = canonicalize_name("healthkit")
+# pipeline-healthkit-glt's stack is the user's to install first (docs/glt.md, "Supported
+# versions"): never a plain dependency, and the `torch23` extra pins the tested PyPI stack.
+GLT = "pipeline-healthkit-glt"
+GLT_STACK = {"torch", "graphlearn-torch"}
+GLT_EXTRA = {"torch": "==2.3.0", "graphlearn-torch": "==0.2.4"}
 
 
 def check(dist_dir: Path, version: str) -> list[str]:
@@ -89,6 +94,20 @@ def check(dist_dir: Path, version: str) -> list[str]:
                 problems.append(f"{wheel.name}: depends on PyPI's unrelated `healthkit`: {line}")
             if canonicalize_name(req.name) == CORE and not req.specifier.contains(version):
                 problems.append(f"{wheel.name}: {line} excludes the core of the same release")
+        if name == GLT:
+            reqs = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+            plain = {canonicalize_name(r.name) for r in reqs if r.marker is None}
+            for dep in sorted(GLT_STACK & plain):
+                problems.append(f"{wheel.name}: {dep} is a plain dependency (docs/glt.md)")
+            extra = {
+                canonicalize_name(r.name): str(r.specifier)
+                for r in reqs
+                if r.marker is not None and r.marker.evaluate({"extra": "torch23"})
+            }
+            for dep, spec in GLT_EXTRA.items():
+                if extra.get(dep) != spec:
+                    problems.append(f"{wheel.name}: [torch23] has {dep}{extra.get(dep)}, "
+                                    f"expected {dep}{spec}")
         if name != CORE and not any(
             canonicalize_name(Requirement(r).name) == CORE for r in meta.get_all("Requires-Dist")
         ):

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from healthkit import lowlevel
+
 # A suite started as a background job of a non-interactive shell (`cmd &`, nohup, some CI
 # runners) inherits SIGINT ignored, and an ignored signal stays ignored across fork and exec:
 # every process the tests start would shrug off the Ctrl-C the stop tests send and wait for
@@ -24,14 +26,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def _children(pid: int) -> set[int]:
     """Direct children of ``pid`` (any state, zombies included) from /proc."""
-    out: set[int] = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.update(int(x) for x in f.read().split())
-        except FileNotFoundError:
-            pass
-    return out
+    return set(lowlevel.children(pid))
 
 
 def _fds() -> set[int]:

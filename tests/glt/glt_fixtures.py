@@ -12,10 +12,18 @@ sampling workers form an RPC group, among themselves, on ``master_port``.
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# tests/: the shared test helpers, also for the scripts and benchmarks that import this module.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+from testutil import free_port as free_port  # noqa: E402
 
 NUM_NODES = 1000
 NUM_EDGES = 10_000
@@ -47,14 +55,6 @@ def set_spawn() -> None:
     import torch.multiprocessing as mp
 
     mp.set_start_method("spawn", force=True)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def build_dataset(

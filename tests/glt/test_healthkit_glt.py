@@ -42,35 +42,7 @@ GUARD_S = 270
 SUBPROCESS_TIMEOUT_S = 240
 
 
-# --- fixtures (as in test_stock_glt_smoke.py) ----------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def multiprocessing_singletons() -> None:
-    """The resource tracker and the mp heap arena are per-interpreter singletons: create
-    them before the per-test leak snapshot (see FINDINGS §6)."""
-    import multiprocessing as mp
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
-    value = mp.get_context("spawn").Value("I", lock=True)
-    del value
-    # Grow the heap's arena once, here: producers allocate small shared objects (counters,
-    # barrier flags); when a later allocation does not fit the first 4 KiB arena, a new
-    # arena (a deleted /dev/shm file + mmap: 2 fds for the life of the interpreter) would
-    # appear inside a test and look like that test's leak.
-    big = mp.get_context("spawn").RawArray("b", 1 << 20)
-    del big
-
-
-@pytest.fixture
-def stop_resource_sharer() -> Iterator[None]:
-    """Stop multiprocessing's fd-passing thread (started when tensors are sent to spawned
-    workers); it is stdlib, restarts on demand, and would otherwise look like a leak."""
-    yield
-    from multiprocessing import resource_sharer
-
-    resource_sharer.stop(timeout=5)
+# --- fixtures (and tests/glt/conftest.py's) ---------------------------------------------
 
 
 @pytest.fixture

@@ -29,20 +29,6 @@ TEST_TIMEOUT_S = 300
 GUARD_S = 270
 
 
-@pytest.fixture(scope="module", autouse=True)
-def multiprocessing_singletons() -> None:
-    """Create the stdlib's per-interpreter multiprocessing singletons before the per-test leak
-    snapshot: the resource tracker (conftest already exempts its process, not its pipe fd) and
-    the shared-memory heap arena behind ``mp.Value`` (GLT's producer makes one; a small arena
-    and its two fds, the file and mmap's dup of it, live as long as the interpreter)."""
-    import multiprocessing as mp
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
-    value = mp.get_context("spawn").Value("I", lock=True)
-    del value
-
-
 @pytest.fixture
 def spawn_start_method() -> Iterator[None]:
     """GLT needs ``spawn`` as the default start method; restore the previous one afterwards
@@ -53,21 +39,6 @@ def spawn_start_method() -> Iterator[None]:
     fx.set_spawn()
     yield
     mp.set_start_method(before, force=True)
-
-
-@pytest.fixture
-def stop_resource_sharer() -> Iterator[None]:
-    """Stop multiprocessing's fd-passing server thread after the test.
-
-    Spawning a worker with a tensor in shared memory (torch's default ``file_descriptor``
-    strategy) passes fds through ``multiprocessing.resource_sharer``, whose listener thread
-    (``_serve``) and socket live until the interpreter exits. It is stdlib, not GLT, and it is
-    restarted on demand, so stopping it once the workers have their fds is safe.
-    """
-    yield
-    from multiprocessing import resource_sharer
-
-    resource_sharer.stop(timeout=5)
 
 
 def _sysv_segments_of(pid: int) -> list[int]:

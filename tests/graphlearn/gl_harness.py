@@ -21,7 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
-import socket
+import sys
 import time
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
@@ -29,15 +29,14 @@ from multiprocessing.process import BaseProcess
 from types import ModuleType
 from typing import Any
 
+# tests/: the shared test helpers, also for the scripts that import this module.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+from testutil import free_port as free_port  # noqa: E402
+
 NODE_TYPE = "item"
 ATTR_TYPES = ("int", "int", "string")  # what write_node_file puts in the attrs column
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual bind-to-0 race applies)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def write_node_file(path: str | os.PathLike[str], num_nodes: int = 100) -> str:

@@ -22,27 +22,12 @@ import pytest
 from linereader import LineReader
 
 import healthkit as hk
+from healthkit.lowlevel import descendants as descendants
 
 HERE = Path(__file__).resolve().parent
 OWNER = HERE / "scripts" / "gl_owner.py"
 EXAMPLE = HERE.parents[1] / "examples" / "graphlearn_negative_sampler.py"
 SKIP_RC = 77  # gl_owner.py exits with this when GL is not installed
-
-
-def descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-                out += kids
-                todo += kids
-        except OSError:
-            pass
-    return out
 
 
 SERVER_COMM = "gl-sampler-srv"  # the launcher names its server thread so (PR_SET_NAME)

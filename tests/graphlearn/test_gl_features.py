@@ -172,3 +172,33 @@ def test_bad_arguments_are_refused_with_the_argument_named() -> None:
         hkgl.set_load_graph_thread_num(0)
     with pytest.raises(ValueError, match="num must be an int >= 1"):
         hkgl.set_load_graph_thread_num(True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("requires", "numpy_version", "broken"),
+    [
+        (["numpy<2.0.0"], "1.26.4", []),
+        (["numpy<2.0.0"], "2.1.0", ["<2.0.0"]),
+        (["numpy<2.0.0"], "2.0.0rc1", ["<2.0.0"]),  # a pre-release of 2.0.0 is not < 2.0.0
+        (["numpy~=1.20"], "1.26.4", []),
+        (["numpy~=1.20"], "2.1.0", ["~=1.20"]),  # compatible release: 1.x from 1.20 on
+        (["numpy (>=1.20,<2)"], "2.1.0", ["<2"]),
+        (["numpy<2; python_version < '3'"], "2.1.0", []),  # another Python's bound
+        (["numpy<2; extra == 'old'"], "2.1.0", []),  # an extra's bound
+        (["numpy", "protobuf<4"], "2.1.0", []),  # tzrec's wheel: no bound
+        (["numpy<2"], "not-a-version", ["<2"]),
+    ],
+)
+def test_the_numpy_bound_is_read_as_pep_440_says(
+    tmp_path: Path, requires: list[str], numpy_version: str, broken: list[str]
+) -> None:
+    import importlib.metadata
+
+    from healthkit_graphlearn._gl_import import _numpy_violations
+
+    info = tmp_path / "gl_build-1.0.dist-info"
+    info.mkdir()
+    lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gl-build\nVersion: 1.0\n{lines}")
+    dist = importlib.metadata.PathDistribution(info)
+    assert _numpy_violations(dist, numpy_version) == broken

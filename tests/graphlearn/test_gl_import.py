@@ -34,6 +34,12 @@ def _site_packages_with_graphscope() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, name
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def test_importing_the_integration_does_not_import_graphlearn_until_asked(tmp_path: Path) -> None:
     _site_packages_with_graphscope()
     code = (
@@ -58,6 +64,7 @@ def test_missing_vineyard_registry_raises_import_error_instead_of_aborting(tmp_p
     for name in names:
         if (site / name).exists():
             (fake / name).symlink_to(site / name)
+    (fake / "packaging").symlink_to(_package_dir("packaging"))  # the integration's dependency
     code = (
         "from healthkit_graphlearn._gl_import import import_graphlearn, GraphLearnImportError\n"
         "try:\n"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +13,13 @@ from pathlib import Path
 
 import pytest
 from linereader import LineReader
+from testutil import free_port
 
 pytest.importorskip("torch")
 
 import healthkit as hk
 
 JOB = str(Path(__file__).parent.parent / "scripts" / "torchrun_stop_job.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_and_stop(

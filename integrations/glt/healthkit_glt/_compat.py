@@ -28,7 +28,16 @@ import logging
 import pickle
 from typing import Any
 
-from graphlearn_torch.channel import ChannelBase, ShmChannel
+from packaging.version import InvalidVersion, Version
+
+from healthkit_glt._stack import stack_error
+
+# The first graphlearn-torch import of the package (__init__ imports this module first): a
+# missing or broken stack fails here with what to install, not with GLT's own error.
+try:
+    from graphlearn_torch.channel import ChannelBase, ShmChannel
+except Exception as e:  # ImportError, or GLT's RuntimeError on a torch it was not built for
+    raise stack_error(e) from e
 
 __all__ = ["RingSegment", "glt_build", "glt_version"]
 
@@ -69,8 +78,13 @@ def glt_version() -> str:
 def glt_build() -> str:
     """``"release <v>"`` or ``"source <label>"``: which of the supported builds this is."""
     version = glt_version()
-    public, _, local = version.partition("+")
-    return f"source {local} (version {public})" if local else f"release {public}"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:  # "unknown": not installed as a distribution
+        return f"release {version}"
+    if parsed.local:
+        return f"source {parsed.local} (version {parsed.public})"
+    return f"release {parsed.public}"
 
 
 def channel_shmid(channel: ChannelBase) -> int | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import secrets
 import socket
@@ -183,7 +184,7 @@ class LeaseServer:
                 set_keepalive(sock, self.timeout_s)
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}")
             self._conns[sock.fileno()] = conn
-            self._set.add_fd(sock.fileno(), lambda c=conn: self._readable(c))
+            self._set.add_fd(sock.fileno(), functools.partial(self._readable, conn))
 
     def _readable(self, conn: _Conn) -> None:
         if conn.token is not None:

@@ -223,7 +223,9 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         timeout = resolve_connection_timeout(producer_kwargs.pop("connection_timeout", None))
         fetch_wait = producer_kwargs.pop("fetch_wait", None)
         if fetch_wait is None:
-            fetch_wait = min(10.0, rpc.get_rpc_timeout() / 3)
+            # Public, but not re-exported in torch's typing on every version.
+            get_timeout = rpc.get_rpc_timeout  # type: ignore[attr-defined,unused-ignore]
+            fetch_wait = min(10.0, float(get_timeout()) / 3)
         self._links: list[ServerLink] = []
         self._producer_id_list: list[int] = []
         self._remote_failure: RemoteSamplingError | None = None

@@ -22,6 +22,7 @@ receiving remote messages" and delivers nothing, so the loader waits forever. He
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -147,7 +148,7 @@ class RemoteFetcher:
         self._set = WatchSet()
         self._set.add_fd(self._wake_r, self._drain_wake)
         for i, link in enumerate(self._links):
-            self._set.add_fd(link.lease.fileno(), lambda i=i: self._lease_readable(i))
+            self._set.add_fd(link.lease.fileno(), functools.partial(self._lease_readable, i))
         self.failure: RemoteSamplingError | None = None
 
     # ------------------------------------------------------------------ callbacks

@@ -139,11 +139,11 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                     "(the loader is shutting down, or its connection failed)",
                 )  # fmt: skip
             key = worker_options.worker_key
-            producer_id = self._worker_key2producer_id.get(key)
+            producer_id: int | None = self._worker_key2producer_id.get(key)
             if producer_id is not None and producer_id not in self._failures:
                 self._owners[producer_id].add(token)
                 return producer_id
-            producer_id = self._cur_producer_idx
+            producer_id = int(self._cur_producer_idx)
             self._cur_producer_idx += 1
             buffer = ShmChannel(worker_options.buffer_capacity, worker_options.buffer_size)
             producer = DistSamplingProducer(

@@ -25,7 +25,7 @@ import attrs
 from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier
-from healthkit.lowlevel import die_with_parent
+from healthkit.lowlevel import die_with_parent, flush_logging
 
 __all__ = [
     "SamplerFactory",
@@ -71,7 +71,7 @@ WorkerLoop = Callable[["SamplingWorkerContext"], None]
 """A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
-class SerializedSendChannel(ChannelBase):
+class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
     """A channel whose ``send()`` holds a lock shared by every sampling worker of a producer.
 
     Why: GLT 0.2.4's ``ShmChannel`` is not safe for concurrent writers. A writer claims a
@@ -472,11 +472,7 @@ def _exit_with_traceback(ctx: SamplingWorkerContext) -> None:
     """Leave the current exception's text for the parent and exit 1 now (no teardown)."""
     _write_traceback(ctx)
     traceback.print_exc()
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:
-            pass
+    flush_logging(logger)
     os._exit(1)
 
 

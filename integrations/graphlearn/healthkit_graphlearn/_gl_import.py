@@ -33,13 +33,16 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-import re
 import stat
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 __all__ = [
     "VINEYARD_REGISTRY_ENV",
@@ -278,52 +281,39 @@ def _top_level_name(path: Path) -> str:
     return path.name
 
 
-def _numpy_bounds(dist: importlib.metadata.Distribution) -> list[tuple[str, str]]:
-    """``(operator, version)`` pairs of the unconditional ``numpy`` requirement of ``dist``.
+def _numpy_requirements(dist: importlib.metadata.Distribution) -> list[Requirement]:
+    """The ``numpy`` requirements of ``dist`` that apply to this interpreter.
 
-    Requirements with an environment marker are skipped (they are extras or other platforms
-    in the builds that exist; a marker would need ``packaging`` to evaluate)."""
-    bounds: list[tuple[str, str]] = []
-    for req in dist.requires or ():
-        spec, _, marker = req.partition(";")
-        m = re.fullmatch(r"\s*numpy\s*(?:\((.*)\)|(.*?))\s*", spec, re.IGNORECASE)
-        if m is None or marker.strip():
+    Markers are evaluated here (a bound for another platform or Python does not apply), and a
+    requirement of an extra is left out: only what every install of the build pulls in counts.
+    An entry ``packaging`` cannot parse is skipped (it bounds nothing we could check)."""
+    out: list[Requirement] = []
+    for line in dist.requires or ():
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
             continue
-        for part in (m.group(1) or m.group(2) or "").split(","):
-            op = re.fullmatch(r"\s*(<=|>=|==|!=|<|>|~=)\s*([0-9][0-9a-zA-Z.*+!-]*)\s*", part)
-            if op:
-                bounds.append((op.group(1), op.group(2)))
-    return bounds
+        if canonicalize_name(req.name) != "numpy":
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        out.append(req)
+    return out
 
 
-def _release(version: str) -> tuple[int, ...]:
-    nums = []
-    for piece in version.split("."):
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            break
-        nums.append(int(digits.group()))
-    return tuple(nums)
-
-
-def _satisfies(version: str, op: str, bound: str) -> bool:
-    """Numeric release comparison, enough for the bounds GL builds declare (``<2.0.0``)."""
-    have, want = _release(version), _release(bound.rstrip(".*"))
-    width = max(len(have), len(want))
-    have += (0,) * (width - len(have))
-    want += (0,) * (width - len(want))
-    if bound.endswith(".*"):
-        same = have[: len(_release(bound[:-2]))] == want[: len(_release(bound[:-2]))]
-        return same if op == "==" else not same if op == "!=" else True
-    return {
-        "<": have < want,
-        "<=": have <= want,
-        ">": have > want,
-        ">=": have >= want,
-        "==": have == want,
-        "!=": have != want,
-        "~=": have >= want,
-    }[op]
+def _numpy_violations(dist: importlib.metadata.Distribution, numpy_version: str) -> list[str]:
+    """The numpy specifiers ``dist`` declares that ``numpy_version`` does not satisfy (PEP 440:
+    ``~=1.20`` is ``>=1.20,==1.*``; a pre-release of 2.0.0 is not ``<2.0.0``)."""
+    try:
+        have: Version | None = Version(numpy_version)
+    except InvalidVersion:
+        have = None  # cannot be compared: every declared bound counts as broken
+    return [
+        str(spec)
+        for req in _numpy_requirements(dist)
+        for spec in req.specifier
+        if have is None or not spec.contains(have, prereleases=True)
+    ]
 
 
 def _check_numpy(pkg_dir: Path) -> None:
@@ -337,8 +327,7 @@ def _check_numpy(pkg_dir: Path) -> None:
     dist = graphlearn_distribution(pkg_dir)
     if dist is None:
         return  # nothing declared (a source tree): import it as it is
-    bounds = _numpy_bounds(dist)
-    broken = [f"{op}{bound}" for op, bound in bounds if not _satisfies(version, op, bound)]
+    broken = _numpy_violations(dist, version)
     if broken:
         name = dist.metadata["Name"]
         raise GraphLearnImportError(
