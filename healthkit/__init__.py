@@ -8,6 +8,9 @@ value types and their errors live here. Watchdog actions are in
 whose names start with an underscore are private.
 """
 
+import warnings as _warnings
+from typing import Any as _Any
+
 from healthkit import actions, lowlevel
 from healthkit._barrier import (
     BarrierBrokenError,
@@ -17,13 +20,13 @@ from healthkit._barrier import (
 )
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
+    DEPRECATED_ERROR_ALIASES as _DEPRECATED_ERROR_ALIASES,
+)
+from healthkit._errors import (
     HealthkitError,
     InterpreterShutdownError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    InvalidEnvValueError,
-    InvalidExitCodeError,
-    InvalidTimeoutError,
     NoSuchProcessError,
     ProcessDiedError,
     ProcessNotStartedError,
@@ -52,9 +55,6 @@ __all__ = [
     "InterpreterShutdownError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
-    "InvalidEnvValueError",
-    "InvalidExitCodeError",
-    "InvalidTimeoutError",
     "NoSuchProcessError",
     "PartyReport",
     "ProcessDiedError",
@@ -71,3 +71,16 @@ __all__ = [
     "record_exception",
     "stop",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    new = _DEPRECATED_ERROR_ALIASES.get(name)
+    if new is None:
+        raise AttributeError(f"module 'healthkit' has no attribute {name!r}")
+    _warnings.warn(
+        f"healthkit.{name} is deprecated and will be removed in the next release: it is "
+        f"healthkit.{new} now (catch that, or ValueError)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

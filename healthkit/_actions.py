@@ -67,7 +67,11 @@ class FailureEvent:
         is required: the diagnosis to fall back on if that function fails)."""
         if callable(diagnosis):
             if brief is None:
-                raise TypeError("a FailureEvent with a deferred diagnosis needs brief=")
+                raise InvalidArgumentTypeError(
+                    "a FailureEvent with a deferred diagnosis needs brief= (the diagnosis to "
+                    "fall back on if working it out fails)",
+                    "brief",
+                )
             self._explain: Callable[[], Diagnosis] | None = diagnosis
             self._diagnosis: Diagnosis | None = None
             self.brief = brief
@@ -226,7 +230,7 @@ class exit_process:
     orphaned; so first send SIGTERM to every process below this one (multiprocessing
     children, ``Popen`` helpers, DataLoader workers and their own children, each pinned by
     a pidfd), without waiting for them: they may be stuck too. ``code`` must be in 1..255
-    (:class:`InvalidExitCodeError` otherwise): the OS keeps 8 bits, so 256 would read as a
+    (:class:`InvalidArgumentError` otherwise): the OS keeps 8 bits, so 256 would read as a
     success.
     """
 

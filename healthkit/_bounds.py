@@ -15,8 +15,8 @@ import warnings
 
 from healthkit._errors import (
     MAX_TIMEOUT_S,
+    InvalidArgumentError,
     InvalidArgumentTypeError,
-    InvalidEnvValueError,
     check_bound,
     check_positive_number,
 )
@@ -33,7 +33,7 @@ def env_seconds(
 ) -> float:
     """A positive, finite number of seconds from ``$name``, else ``default``.
 
-    ``default`` itself must be such a number (:class:`InvalidTimeoutError` otherwise); a
+    ``default`` itself must be such a number (:class:`InvalidArgumentError` otherwise); a
     value whose product with ``multiplier`` is above :data:`MAX_TIMEOUT_S` counts as
     unusable.
     """
@@ -73,6 +73,6 @@ def read_env_seconds(
         + f"; set it to e.g. {name}={default:g} or unset it"
     )
     if strict:
-        raise InvalidEnvValueError(message, name)
+        raise InvalidArgumentError(message, name)
     warnings.warn(f"{message}. Using the default {default:g}s.", EnvValueWarning, stacklevel=3)
     return float(default), False

@@ -224,7 +224,7 @@ class SidecarLink:
         if timeout is None:
             self._proc.wait()
         else:
-            stop([self._proc], grace=timeout, term_timeout=0, name="the healthkit sidecar")
+            stop([self._proc], grace=timeout, kill_after=0, name="the healthkit sidecar")
         self.close()
 
     def close(self) -> None:
@@ -248,7 +248,7 @@ class SidecarLink:
             except (TimeoutError, OSError):
                 chunk = b""
             if not chunk:
-                stop([self._proc], term_timeout=0, name="the healthkit sidecar")
+                stop([self._proc], kill_after=0, name="the healthkit sidecar")
                 self._sock.close()
                 self._closed = True
                 raise SidecarError(
@@ -497,8 +497,8 @@ class _Sidecar:
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
         # the owner's GIL is held.
         grace = float(config["kill_grace"])
-        stop([self.owner], term_timeout=grace, name="the owner")
-        stop(tree, term_timeout=grace, name="the owner's helpers")
+        stop([self.owner], kill_after=grace, name="the owner")
+        stop(tree, kill_after=grace, name="the owner's helpers")
         for watch in tree:
             watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):

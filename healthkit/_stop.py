@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 
 import attrs
 
-from healthkit._errors import NoSuchProcessError, check_timeout
+from healthkit._errors import NoSuchProcessError, check_timeout, renamed_argument
 from healthkit._proc import descendants, read_proc_stat
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
@@ -100,23 +100,26 @@ def stop(
     *,
     request: Callable[[], None] | None = None,
     grace: float = 0.0,
-    term_timeout: float = 5.0,
+    kill_after: float = 5.0,
     kill_timeout: float = 5.0,
     name: str = "processes",
     log: logging.Logger | None = None,
+    term_timeout: float | None = None,
 ) -> StopReport:
     """Stop ``targets`` with the STOP -> join -> SIGTERM -> SIGKILL ladder and return a report.
 
     ``request()`` (optional) asks them to finish by themselves (e.g. puts a STOP command on
     their queues); then up to ``grace`` seconds for them to end; SIGTERM to the rest and up to
-    ``term_timeout`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
-    ``kill_timeout`` seconds. The whole
-    call is bounded by ``grace + term_timeout + kill_timeout``. Processes whose owner objects
+    ``kill_after`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
+    ``kill_timeout`` seconds for them to end. The whole call is bounded by
+    ``grace + kill_after + kill_timeout``. (``term_timeout`` is the deprecated name of
+    ``kill_after``.) Processes whose owner objects
     are given (``Process``, ``Popen``) are reaped through them; bare pids are left to their
     parent. Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
     """
     grace_s = check_timeout(grace, "grace", allow_none=False)
-    term_s = check_timeout(term_timeout, "term_timeout", allow_none=False)
+    kill_after = renamed_argument("term_timeout", term_timeout, "kill_after", kill_after, 5.0)
+    term_s = check_timeout(kill_after, "kill_after", allow_none=False)
     kill_s = check_timeout(kill_timeout, "kill_timeout", allow_none=False)
     assert grace_s is not None and term_s is not None and kill_s is not None
     log = log or logger

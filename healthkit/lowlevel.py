@@ -1,13 +1,25 @@
 """The plumbing under the primitives, for integrations and for users who build their own.
 
 Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
-stack-dump opt-in, the one validator of timeouts and bounds (integrations use it too),
+stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
+use them too, so their errors are the core's),
 environment-variable readers and ``/proc`` readers.
 """
 
 from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
-from healthkit._errors import MAX_TIMEOUT_S, check_bound, check_timeout
+from healthkit._errors import (
+    MAX_TIMEOUT_S,
+    check_bool,
+    check_bound,
+    check_callable,
+    check_choice,
+    check_exit_code,
+    check_int,
+    check_seconds,
+    check_timeout,
+    renamed_argument,
+)
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
@@ -22,7 +34,13 @@ __all__ = [
     "STOP_SIGNALS",
     "StopEpisode",
     "Verdict",
+    "check_bool",
     "check_bound",
+    "check_callable",
+    "check_choice",
+    "check_exit_code",
+    "check_int",
+    "check_seconds",
     "check_timeout",
     "children",
     "current_episode",
@@ -35,6 +53,7 @@ __all__ = [
     "note_stop",
     "read_env_seconds",
     "read_proc_stat",
+    "renamed_argument",
     "set_thread_name",
     "stop_like",
 ]

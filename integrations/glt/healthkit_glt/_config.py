@@ -10,7 +10,7 @@ one request.
 
 A bad environment value (``abc``, ``-1``, ``nan``, ``0``) never becomes a hang or a zero
 timeout: it is replaced by the default with an :class:`healthkit.lowlevel.EnvValueWarning`
-that names the variable (or rejected with :class:`healthkit.InvalidEnvValueError` in strict
+that names the variable (or rejected with :class:`healthkit.InvalidArgumentError` in strict
 mode).
 """
 

@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
 from healthkit import ProcessWatch, WatchSet
+from healthkit.lowlevel import check_choice
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
 from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
 from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET
@@ -190,10 +191,10 @@ class _WorkerExits:
             w.close()
 
 
-def check_receiver_mode(mode: str) -> None:
-    """ValueError naming the valid modes, for a bad ``receiver`` argument."""
-    if mode not in RECEIVER_MODES:
-        raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
+def check_receiver_mode(mode: str, what: str = "receiver") -> None:
+    """An :class:`healthkit.InvalidArgumentError` naming the valid modes, for a bad
+    ``receiver`` argument."""
+    check_choice(mode, RECEIVER_MODES, what)
 
 
 _NO_REPORT = bytearray(1)  # the flag of a receiver without error reports: never set

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from healthkit import InvalidEnvValueError
+from healthkit import InvalidArgumentError
+from healthkit.lowlevel import check_int
 
 __all__ = ["DistEnv", "check_index"]
 
@@ -29,17 +30,15 @@ def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> i
     except ValueError:
         value = minimum - 1
     if value < minimum:
-        raise InvalidEnvValueError(f"{name}={raw!r} is not an integer >= {minimum} ({_WHO_SETS})")
+        raise InvalidArgumentError(
+            f"{name}={raw!r} is not an integer >= {minimum} ({_WHO_SETS})", name
+        )
     return value
 
 
 def check_index(value: object, what: str) -> int:
     """An explicit index argument: a non-negative int (bools refused: ``True`` is not 1 here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
-    return value
+    return check_int(value, what, minimum=0)
 
 
 @attrs.frozen
@@ -66,7 +65,7 @@ class DistEnv:
         """Read and cross-check the torchrun variables.
 
         Raises:
-            InvalidEnvValueError: a variable is not a valid integer, or the values contradict
+            InvalidArgumentError: a variable is not a valid integer, or the values contradict
                 each other (e.g. ``RANK >= WORLD_SIZE``); the message names the variable.
         """
         env = os.environ if env is None else env
@@ -83,7 +82,7 @@ class DistEnv:
         if local_world > world:
             problems.append(f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}")
         if problems:
-            raise InvalidEnvValueError(
+            raise InvalidArgumentError(
                 "inconsistent torchrun environment: " + "; ".join(problems) + f" ({_WHO_SETS})"
             )
         return cls(world, rank, local_world, local_rank, group_rank)
