@@ -32,6 +32,9 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
+from healthkit._errors import (
+    publish as _publish,
+)
 from healthkit._records import HelperException, record_exception
 from healthkit._sidecar import SidecarError
 from healthkit._stacks import dump_helper_stacks
@@ -71,6 +74,12 @@ __all__ = [
     "record_exception",
     "stop",
 ]
+
+# Each exported object reports the module users import (healthkit.ProcessWatch, not
+# healthkit._watch.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
+_publish("healthkit", __all__, globals())
+_publish("healthkit.actions", actions.__all__, vars(actions))
+_publish("healthkit.lowlevel", lowlevel.__all__, vars(lowlevel))
 
 
 def __getattr__(name: str) -> _Any:

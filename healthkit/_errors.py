@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import signal
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -31,7 +32,18 @@ def _rebuild(
 ) -> BaseException:
     """Unpickle an error without calling its ``__init__`` (whose signature may differ from
     ``args``): errors cross process boundaries (a sampling worker's, a server's)."""
-    error = cls.__new__(cls, *args)
+    # The C base that allocates it (OSError's for a TimeoutError subclass) must do it; the
+    # first __new__ in the MRO that accepts the class is that one.
+    error: BaseException | None = None
+    for base in cls.__mro__:
+        if "__new__" in vars(base):
+            try:
+                new: Callable[..., BaseException] = base.__new__
+                error = new(cls, *args)
+                break
+            except TypeError:
+                continue
+    assert error is not None
     error.args = args
     error.__dict__.update(state)
     return error
@@ -272,3 +284,17 @@ def check_seconds(value: object, what: str) -> float:
     v = check_timeout(value, what, allow_none=False)  # type: ignore[arg-type]
     assert v is not None
     return v
+
+
+def publish(public: str, names: list[str], namespace: dict[str, object]) -> None:
+    """Set ``__module__`` of the classes and functions a package exports to the package
+    (``public``), so that reprs, tracebacks and pickles name the module users import, not
+    the private one that defines them. Names defined in another public module keep it."""
+    package = public.split(".")[0]
+    for name in names:
+        obj = namespace[name]
+        if not (isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__"))):
+            continue
+        module = getattr(obj, "__module__", "") or ""
+        if module.startswith(f"{package}._"):
+            obj.__module__ = public

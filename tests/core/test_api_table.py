@@ -7,10 +7,13 @@ of every exported error, and the deprecated names that still work for one releas
 
 from __future__ import annotations
 
+import inspect
+import pickle
 import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -95,3 +98,90 @@ def test_argument_errors_are_value_errors_and_type_errors_stay_type_errors() -> 
     with pytest.raises(TypeError) as info:
         DisarmableWatchdog(kill_after="2")  # type: ignore[arg-type]
     assert isinstance(info.value, HealthkitError) and info.value.argument == "kill_after"  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- public names
+PUBLIC_MODULES = [healthkit, healthkit.actions, healthkit.lowlevel]
+
+
+def _exported(module: Any) -> Iterator[tuple[str, Any]]:
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, type) or inspect.isfunction(obj):
+            yield name, obj
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_every_exported_object_reports_its_public_module(module: Any) -> None:
+    wrong = {
+        name: obj.__module__ for name, obj in _exported(module) if obj.__module__ != module.__name__
+    }
+    assert not wrong, f"{module.__name__}: {wrong}"
+
+
+def _diagnosis() -> healthkit.Diagnosis:
+    diagnoser = healthkit.ExitDiagnoser()
+    try:
+        return diagnoser.diagnose(-9, name="sampling worker 1", pid=4242, evidence=False)
+    finally:
+        diagnoser.close()
+
+
+def _error_examples() -> dict[type[BaseException], BaseException]:
+    d = _diagnosis()
+    party = healthkit.PartyReport(rank=0, name="w0", pid=4242, state="dead", arrived=False)
+    barrier = {"barrier_name": "init", "elapsed": 1.5, "bound": 3.0, "parties": (party,)}
+    return {
+        HealthkitError: HealthkitError("x"),
+        healthkit.NoSuchProcessError: healthkit.NoSuchProcessError("pid 4242"),
+        healthkit.ProcessNotStartedError: healthkit.ProcessNotStartedError("not started"),
+        healthkit.WatchClosedError: healthkit.WatchClosedError("closed"),
+        InvalidArgumentError: InvalidArgumentError("kill_after must be >= 0", "kill_after"),
+        InvalidArgumentTypeError: InvalidArgumentTypeError("name must be a str", "name"),
+        healthkit.InterpreterShutdownError: healthkit.InterpreterShutdownError("shutdown"),
+        healthkit.ProcessDiedError: healthkit.ProcessDiedError("died", d),
+        healthkit.BarrierBrokenError: healthkit.BarrierBrokenError("broken", **barrier),
+        healthkit.BarrierTimeoutError: healthkit.BarrierTimeoutError("timed out", **barrier),
+        healthkit.SidecarError: healthkit.SidecarError("no sidecar"),
+        healthkit.lowlevel.EnvValueWarning: healthkit.lowlevel.EnvValueWarning("X='abc'"),
+    }
+
+
+def _state(error: BaseException) -> tuple[Any, ...]:
+    return (type(error), error.args, str(error), vars(error))
+
+
+def test_every_exported_error_pickles_with_its_attributes() -> None:
+    examples = _error_examples()
+    errors = [
+        obj
+        for module in PUBLIC_MODULES
+        for _, obj in _exported(module)
+        if issubclass_safe(obj, BaseException)
+    ]
+    missing = [e.__name__ for e in errors if e not in examples]
+    assert not missing, f"exported errors without a pickling example: {missing}"
+    for error in examples.values():
+        copy = pickle.loads(pickle.dumps(error))
+        assert _state(copy) == _state(error)
+    died = pickle.loads(pickle.dumps(examples[healthkit.ProcessDiedError]))
+    assert died.diagnosis.cause == healthkit.Cause.SIGKILL_UNCONFIRMED  # type: ignore[attr-defined]
+    assert pickle.loads(pickle.dumps(examples[InvalidArgumentError])).argument == "kill_after"  # type: ignore[attr-defined]
+
+
+def issubclass_safe(obj: object, cls: type) -> bool:
+    return isinstance(obj, type) and issubclass(obj, cls)
+
+
+def test_an_error_crosses_a_process_boundary(tmp_path: Any) -> None:
+    """Unpickled where only the public name is known: a fresh interpreter."""
+    path = tmp_path / "error.pickle"
+    path.write_bytes(pickle.dumps(_error_examples()[healthkit.ProcessDiedError]))
+    code = (
+        "import pickle, sys; e = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "print(type(e).__module__, type(e).__qualname__, e.diagnosis.pid)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["healthkit", "ProcessDiedError", "4242"], out.stderr

@@ -81,3 +81,8 @@ def shorten_client_retries(
     if timeout is not None:
         gl.set_timeout(timeout)
     return ClientRetryBudget(retry_times, timeout)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

@@ -272,3 +272,8 @@ def _worker_id() -> int:
         return 0  # torch's DataLoader never ran here, so this is no DataLoader worker
     info = data.get_worker_info()
     return 0 if info is None else int(info.id)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

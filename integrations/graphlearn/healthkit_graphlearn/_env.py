@@ -91,3 +91,8 @@ class DistEnv:
     def local_rank_from_environ(env: Mapping[str, str] | None = None) -> int:
         """Only ``LOCAL_RANK`` (default 0), for callers that need nothing else."""
         return _env_int(os.environ if env is None else env, "LOCAL_RANK", 0, 0)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

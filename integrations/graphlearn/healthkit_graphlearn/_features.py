@@ -138,3 +138,8 @@ def set_use_string_hash_id(gl: ModuleType | None = None) -> None:
             "give the node tables int64 ids"
         )
     fn(1)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

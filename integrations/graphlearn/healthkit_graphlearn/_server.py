@@ -679,3 +679,8 @@ def _wait_ready(
 def _kill(proc: BaseProcess, watch: ProcessWatch) -> None:
     stop([proc], kill_after=0, kill_timeout=_STOP_TIMEOUT, name=watch.name)
     watch.close()
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)
