@@ -10,6 +10,7 @@ OS truncates to 0) is worse than a refusal at the call.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import warnings
 from collections.abc import Callable
@@ -298,3 +299,35 @@ def publish(public: str, names: list[str], namespace: dict[str, object]) -> None
         module = getattr(obj, "__module__", "") or ""
         if module.startswith(f"{package}._"):
             obj.__module__ = public
+
+
+def check_str(value: object, what: str, *, allow_none: bool = False) -> str | None:
+    """A str (or ``None`` when allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        none = " or None" if allow_none else ""
+        raise InvalidArgumentTypeError(f"{what} must be a str{none}, got {value!r}", what)
+    return value
+
+
+def check_path(value: object, what: str, *, allow_none: bool = False) -> str | None:
+    """A filesystem path: a str or ``os.PathLike`` (returned as a str), or ``None`` when
+    allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value or "\0" in value:
+        none = " or None" if allow_none else ""
+        raise InvalidArgumentTypeError(
+            f"{what} must be a path (a non-empty str or os.PathLike){none}, got {value!r}", what
+        )
+    return value
+
+
+def path_arg(value: object, what: str) -> str:
+    """:func:`check_path` for a path that cannot be ``None``."""
+    path = check_path(value, what)
+    assert path is not None
+    return path

@@ -113,6 +113,17 @@ def _install_hooks() -> None:
         _hooks_installed = True
 
 
+def _check_target(target: object, what: str) -> None:
+    if isinstance(target, int) and not isinstance(target, bool):
+        check_pid(target, what)
+    elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a multiprocessing.Process, a subprocess.Popen, a "
+            f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
+            what,
+        )
+
+
 class DisarmableWatchdog:
     """Watch helper processes; on an abnormal exit run actions (default: log, error file,
     ``os._exit(1)``) unless disarmed first.
@@ -210,6 +221,13 @@ class DisarmableWatchdog:
             fire=self._fire,
             armed=lambda: self._armed,
         )
+        if isinstance(watches, (str, bytes)) or not isinstance(watches, Iterable):
+            raise InvalidArgumentTypeError(
+                f"watches must be an iterable of processes, got {watches!r}", "watches"
+            )
+        watches = list(watches)
+        for target in watches:
+            _check_target(target, "watches")
         for target in watches:
             self.watch(target)
 
@@ -270,14 +288,7 @@ class DisarmableWatchdog:
         returns early hangs its clients), ``"warn"`` or ``"ignore"`` (finishing is normal).
         Watching the same process twice returns the existing watch."""
         rule = self.on_clean_exit if on_clean_exit is None else check_on_clean_exit(on_clean_exit)
-        if isinstance(target, int):
-            check_pid(target, "target")
-        elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
-            raise InvalidArgumentTypeError(
-                "target must be a multiprocessing.Process, a subprocess.Popen, a "
-                f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
-                "target",
-            )
+        _check_target(target, "target")
         if name is not None and not isinstance(name, str):
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         with self._lock:

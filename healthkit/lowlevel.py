@@ -6,7 +6,7 @@ use them too, so their errors are the core's),
 environment-variable readers and ``/proc`` readers.
 """
 
-from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
+from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
 from healthkit._errors import (
     MAX_TIMEOUT_S,
@@ -27,6 +27,7 @@ from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, n
 
 __all__ = [
     "Decision",
+    "ENV_SECONDS_MIN",
     "EnvValueWarning",
     "MAX_TIMEOUT_S",
     "OnCleanExit",

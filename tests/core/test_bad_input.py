@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -192,8 +193,10 @@ def test_env_multiplier_is_validated(multiplier: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", ["abc", "nan", "inf", "-inf", "-1", "0", "1e300", "2.2e6", "0x10", "5 s", "\udcff"]
-)
+    "raw",
+    ["abc", "nan", "inf", "-inf", "-1", "0", "1e300", "2.2e6", "0x10", "5 s", "\udcff",
+     "1e-320", "0.0001", "1e3", "1_0", "\u0661\u0660", "+5", "5.0.1", "."],
+)  # fmt: skip
 def test_garbage_env_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, raw)
     with pytest.warns(EnvValueWarning, match=ENV):
@@ -204,9 +207,23 @@ def test_garbage_env_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(err, InvalidArgumentError) and err.argument == ENV
 
 
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("30", 30.0), ("2.5", 2.5), (".5", 0.5), ("7.", 7.0), (" 9 ", 9.0),
+                         ("0.001", 0.001), ("2147483", 2147483.0)]
+)  # fmt: skip
+def test_plain_decimal_env_values_are_read(
+    raw: str, seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forms docs/security.md names, down to ENV_SECONDS_MIN: read silently."""
+    monkeypatch.setenv(ENV, raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert healthkit.lowlevel.read_env_seconds(ENV, 7, strict=True) == (seconds, True)
+
+
 def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> None:
     """The review's barrier bound: 1e6 s x 3 overflowed in parent and worker."""
-    monkeypatch.setenv(ENV, "1e6")
+    monkeypatch.setenv(ENV, "1000000")
     with pytest.warns(EnvValueWarning, match="more than the OS can wait"):
         got = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
     assert got == (10.0, False)
@@ -216,7 +233,7 @@ def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> 
         ENV,
         "too long",
     )
-    monkeypatch.setenv(ENV, "1e5")  # the twin: fits, used as given
+    monkeypatch.setenv(ENV, "100000")  # the twin: fits, used as given
     value, from_env = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
     assert (value, from_env) == (1e5, True)
     barrier = BoundedBarrier(1, timeout=3 * value)
@@ -247,7 +264,9 @@ def test_exit_code_255_is_what_the_launcher_sees() -> None:
 # ----------------------------------------------------------------------------- pids, targets
 @pytest.mark.parametrize("target", ["abc", None, 1.5, b"1", object()], ids=repr)
 def test_watchdog_rejects_what_it_cannot_watch(target: Any) -> None:
-    err = _raises(lambda: DisarmableWatchdog([target]), InvalidArgumentTypeError, "target")
+    err = _raises(lambda: DisarmableWatchdog([target]), InvalidArgumentTypeError, "watches")
+    assert isinstance(err, TypeError)
+    err = _raises(lambda: DisarmableWatchdog().watch(target), InvalidArgumentTypeError, "target")
     assert isinstance(err, TypeError)
 
 
