@@ -523,7 +523,7 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     wrapped = hg.SerializedSendChannel(channel, mp.get_context("spawn").Lock())
     with pytest.raises(hg.RingLayoutError, match="SerializedSendChannel is not a GLT ShmChannel"):
         open_receiver(wrapped, [], mode="ring")
-    with pytest.raises(ValueError, match="receiver must be one of"):
+    with pytest.raises(hk.InvalidArgumentError, match="mode must be one of"):
         open_receiver(channel, [], mode="fast")  # type: ignore[arg-type]
     del wrapped, channel
     gc.collect()

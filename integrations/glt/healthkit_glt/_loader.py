@@ -37,13 +37,17 @@ from graphlearn_torch.typing import Split
 from graphlearn_torch.utils import get_available_device
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
+from healthkit.lowlevel import check_bound
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
-from healthkit_glt._producer import DistSamplingProducer
+from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
 from healthkit_glt._remote_errors import RemoteSamplingError, ServerFailure, ServerHello
 from healthkit_glt._server import serve_create, serve_hello, serve_start_epoch
 
 __all__ = ["DistNeighborLoader"]
+
+#: The loader's own keyword arguments in server-client mode (not the producers').
+_CLIENT_ARGUMENTS = ("connection_timeout", "fetch_wait")
 
 logger = logging.getLogger("healthkit_glt")
 
@@ -94,6 +98,22 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         # First: GLT 0.2.4 sets this flag last, so a failing __init__ made __del__ raise.
         self._shutdowned = True
         self._remote = isinstance(worker_options, RemoteDistSamplingWorkerOptions)
+        # Checked here, before any worker or server is asked: a bad producer argument in
+        # server-client mode would otherwise fail on the server, a bad fetch_wait later.
+        client_own = {k: v for k, v in producer_kwargs.items() if k in _CLIENT_ARGUMENTS}
+        for name, value in client_own.items():
+            if not self._remote:
+                raise InvalidArgumentTypeError(
+                    f"{name}= is for server-client mode (RemoteDistSamplingWorkerOptions) "
+                    "only; drop it",
+                    name,
+                )
+            if value is not None:
+                check_bound(value, name)
+        check_producer_kwargs(
+            {k: v for k, v in producer_kwargs.items() if k not in client_own},
+            DistSamplingProducer if self._remote else producer_cls,
+        )
         self._healthkit = self._remote or isinstance(worker_options, MpDistSamplingWorkerOptions)
         if self._remote:
             hellos, stock = _probe_servers(worker_options)
@@ -109,7 +129,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
                 return
             # Servers started with GLT's own init_server: served as stock GLT serves them.
             producer_kwargs = {k: v for k, v in producer_kwargs.items()
-                               if k not in ("connection_timeout", "fetch_wait")}  # fmt: skip
+                               if k not in _CLIENT_ARGUMENTS}  # fmt: skip
             if producer_kwargs:
                 raise InvalidArgumentTypeError(
                     f"producer arguments {sorted(producer_kwargs)} need servers started with "

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -42,6 +43,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -64,6 +66,7 @@ from healthkit import (
 from healthkit.lowlevel import (
     MAX_TIMEOUT_S,
     check_bool,
+    check_bound,
     check_callable,
     check_int,
     check_seconds,
@@ -159,6 +162,77 @@ def _register_atexit_once() -> None:
         atexit.register(_shutdown_live_producers)
 
 
+def _check_arguments(
+    *,
+    sampler_factory: object = create_dist_sampler,
+    worker_loop: object = default_worker_loop,
+    rpc_init_timeout: object = None,
+    steady_state_rpc_timeout: object = None,
+    init_timeout_multiplier: object = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
+    stop_timeout: object = 10.0,
+    kill_after: object = 5.0,
+    init_failure_grace: object = 2.0,
+    receiver: object = "auto",
+    recv_poll_ms: object = 500,
+    worker_extra: object = None,
+    strict_env: object = False,
+    kill_timeout: object = None,
+) -> tuple[float, float, float]:
+    """The producer's own keyword arguments, checked (the shutdown bounds returned)."""
+    if kill_timeout is not None:
+        kill_after = check_seconds(kill_timeout, "kill_timeout")
+    stop_s = check_seconds(stop_timeout, "stop_timeout")
+    kill_s = check_seconds(kill_after, "kill_after")
+    init_failure_s = check_seconds(init_failure_grace, "init_failure_grace")
+    check_callable(sampler_factory, "sampler_factory")
+    check_callable(worker_loop, "worker_loop")
+    for what, value in (
+        ("rpc_init_timeout", rpc_init_timeout),
+        ("steady_state_rpc_timeout", steady_state_rpc_timeout),
+    ):
+        if value is not None:
+            check_bound(value, what)  # type: ignore[arg-type]
+    check_bound(init_timeout_multiplier, "init_timeout_multiplier")  # type: ignore[arg-type]
+    check_receiver_mode(receiver)  # type: ignore[arg-type]
+    check_int(recv_poll_ms, "recv_poll_ms", minimum=1, maximum=MAX_TIMEOUT_S * 1000)
+    if worker_extra is not None and not isinstance(worker_extra, dict):
+        raise InvalidArgumentTypeError(
+            f"worker_extra must be a dict or None, got {worker_extra!r}", "worker_extra"
+        )
+    check_bool(strict_env, "strict_env")
+    return stop_s, kill_s, init_failure_s
+
+
+def check_producer_kwargs(kwargs: object, producer_cls: object = None) -> None:
+    """Refuse, where they are given, producer arguments that the producer would refuse
+    later (on a server in server-client mode, or when the loader builds it): an unknown
+    name, or a bad value of one of :class:`DistSamplingProducer`'s own arguments."""
+    cls = DistSamplingProducer if producer_cls is None else producer_cls
+    if not isinstance(cls, type):
+        raise InvalidArgumentTypeError(
+            f"producer_cls must be a class (a DistSamplingProducer subclass), got {cls!r}",
+            "producer_cls",
+        )
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgumentTypeError(
+            f"producer_kwargs must be a dict of producer arguments, got {kwargs!r}",
+            "producer_kwargs",
+        )
+    params = inspect.signature(cls.__init__).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        known = sorted(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        for name in kwargs:
+            if name not in known:
+                raise InvalidArgumentTypeError(
+                    f"{name}= is not an argument of {cls.__name__}; its keyword arguments are "
+                    f"{', '.join(known)}",
+                    str(name),
+                )
+    if issubclass(cls, DistSamplingProducer):
+        own = inspect.signature(_check_arguments).parameters
+        _check_arguments(**{k: v for k, v in kwargs.items() if k in own})
+
+
 class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
     """GLT's ``DistMpSamplingProducer`` with bounded init, fail-fast steady state and a
     bounded shutdown; the sampler factory and the worker loop are pluggable (GiGL's hook).
@@ -216,18 +290,20 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         # Every argument is checked before anything starts: a bad one fails here, naming
         # itself, not inside shutdown() or a worker.
         kill_after = renamed_argument("kill_timeout", kill_timeout, "kill_after", kill_after, 5.0)
-        stop_s = check_seconds(stop_timeout, "stop_timeout")
-        kill_s = check_seconds(kill_after, "kill_after")
-        init_failure_s = check_seconds(init_failure_grace, "init_failure_grace")
-        check_callable(sampler_factory, "sampler_factory")
-        check_callable(worker_loop, "worker_loop")
-        check_receiver_mode(receiver)
-        check_int(recv_poll_ms, "recv_poll_ms", minimum=1, maximum=MAX_TIMEOUT_S * 1000)
-        if worker_extra is not None and not isinstance(worker_extra, dict):
-            raise InvalidArgumentTypeError(
-                f"worker_extra must be a dict or None, got {worker_extra!r}", "worker_extra"
-            )
-        check_bool(strict_env, "strict_env")
+        stop_s, kill_s, init_failure_s = _check_arguments(
+            sampler_factory=sampler_factory,
+            worker_loop=worker_loop,
+            rpc_init_timeout=rpc_init_timeout,
+            steady_state_rpc_timeout=steady_state_rpc_timeout,
+            init_timeout_multiplier=init_timeout_multiplier,
+            stop_timeout=stop_timeout,
+            kill_after=kill_after,
+            init_failure_grace=init_failure_grace,
+            receiver=receiver,
+            recv_poll_ms=recv_poll_ms,
+            worker_extra=worker_extra,
+            strict_env=strict_env,
+        )
         # Everything shutdown() reads exists before anything can fail, so shutdown() (and
         # a loader's __del__) is safe on a producer whose construction or init() failed.
         self._shutdown = False

@@ -43,6 +43,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` a moment ago. The server binds it seconds later, so another
     process may take it first (the same race as tzrec's); the server then fails to start and
     the launcher raises with its diagnosis."""
+    if not isinstance(host, str) or not host:
+        raise InvalidArgumentTypeError(f"host must be a host name or address, got {host!r}", "host")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -52,6 +54,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def server_address(host: str | None = None, port: int | None = None) -> str:
     """``host:port`` for this node's server. ``host`` defaults to what tzrec uses,
     ``gethostbyname(gethostname())``; ``port`` to a free one."""
+    if host is not None and (not isinstance(host, str) or not host):
+        raise InvalidArgumentTypeError(f"host must be a host name or None, got {host!r}", "host")
     if host is None:
         host = socket.gethostbyname(socket.gethostname())
     if port is None:
@@ -63,11 +67,8 @@ def server_address(host: str | None = None, port: int | None = None) -> str:
 
 def _initialized_dist(group: Any) -> Any:
     """``torch.distributed`` if a process group is up, else None; never imports torch."""
-    if "torch.distributed" not in sys.modules:
-        return None  # nobody imported it, so nobody initialised it
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # nobody imported it: nobody initialised it
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist
     if group is not None:
         raise InvalidArgumentError(

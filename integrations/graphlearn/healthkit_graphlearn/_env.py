@@ -25,10 +25,9 @@ def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> i
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = minimum - 1
+    text = raw.strip()
+    # ASCII digits only: int() would also take "1_0", "+1" and digits of other scripts.
+    value = int(text) if text.isascii() and text.isdigit() else minimum - 1
     if value < minimum:
         raise InvalidArgumentError(
             f"{name}={raw!r} is not an integer >= {minimum} ({_WHO_SETS})", name
@@ -49,11 +48,18 @@ class DistEnv:
     ``task_index`` of that node's sampler server and its position in the server list.
     """
 
-    world_size: int = 1
-    rank: int = 0
-    local_world_size: int = 1
-    local_rank: int = 0
-    group_rank: int = 0
+    world_size: int = attrs.field(default=1)
+    rank: int = attrs.field(default=0)
+    local_world_size: int = attrs.field(default=1)
+    local_rank: int = attrs.field(default=0)
+    group_rank: int = attrs.field(default=0)
+
+    def __attrs_post_init__(self) -> None:
+        check_int(self.world_size, "world_size", minimum=1)
+        check_int(self.rank, "rank", minimum=0, maximum=self.world_size - 1)
+        check_int(self.local_world_size, "local_world_size", minimum=1, maximum=self.world_size)
+        check_int(self.local_rank, "local_rank", minimum=0, maximum=self.local_world_size - 1)
+        check_int(self.group_rank, "group_rank", minimum=0)
 
     @property
     def group_size(self) -> int:
@@ -74,16 +80,22 @@ class DistEnv:
         local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1, 1)
         local_rank = _env_int(env, "LOCAL_RANK", 0, 0)
         group_rank = _env_int(env, "GROUP_RANK", 0, 0)
-        problems = []
+        problems: list[tuple[str, str]] = []
         if rank >= world:
-            problems.append(f"RANK={rank} must be < WORLD_SIZE={world}")
+            problems.append(("RANK", f"RANK={rank} must be < WORLD_SIZE={world}"))
         if local_rank >= local_world:
-            problems.append(f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world}")
+            problems.append(
+                ("LOCAL_RANK", f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world}")
+            )
         if local_world > world:
-            problems.append(f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}")
+            text = f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}"
+            problems.append(("LOCAL_WORLD_SIZE", text))
         if problems:
             raise InvalidArgumentError(
-                "inconsistent torchrun environment: " + "; ".join(problems) + f" ({_WHO_SETS})"
+                "inconsistent torchrun environment: "
+                + "; ".join(text for _, text in problems)
+                + f" ({_WHO_SETS})",
+                problems[0][0],
             )
         return cls(world, rank, local_world, local_rank, group_rank)
 

@@ -77,6 +77,7 @@ class GraphLearnBuild:
 def graphlearn_build(gl: ModuleType | None = None) -> GraphLearnBuild:
     """Describe ``gl`` (default: the ``graphlearn`` in use, imported by
     :func:`~healthkit_graphlearn.import_graphlearn` if needed)."""
+    _check_gl(gl)
     gl = import_graphlearn() if gl is None else gl
     path = Path(os.path.abspath(getattr(gl, "__file__", None) or ".")).parent
     dist = graphlearn_distribution(path)
