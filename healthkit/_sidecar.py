@@ -37,7 +37,7 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 ==================  =========================================================================
 owner -> sidecar
 ==================  =========================================================================
-``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``;
+``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_after``, ``stop_grace``;
                     answered by ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
@@ -126,7 +126,7 @@ def _line(**msg: Any) -> bytes:
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
-    def __init__(self, *, name: str, kill_grace: float, stop_grace: float) -> None:
+    def __init__(self, *, name: str, kill_after: float, stop_grace: float) -> None:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
@@ -154,7 +154,7 @@ class SidecarLink:
             owner_pid=os.getpid(),
             owner_pgrp=os.getpgrp(),
             name=name,
-            kill_grace=kill_grace,
+            kill_after=kill_after,
             stop_grace=stop_grace,
         )
         self._expect("ready")
@@ -496,7 +496,7 @@ class _Sidecar:
         tree = watch_tree(self.owner.pid, exclude=[os.getpid()])
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
         # the owner's GIL is held.
-        grace = float(config["kill_grace"])
+        grace = float(config["kill_after"])
         stop([self.owner], kill_after=grace, name="the owner")
         stop(tree, kill_after=grace, name="the owner's helpers")
         for watch in tree:

@@ -347,7 +347,7 @@ class DisarmableWatchdog:
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
             if self.mode == "sidecar":
                 link = SidecarLink(
-                    name=self.name, kill_grace=self.kill_after, stop_grace=self.stop_grace
+                    name=self.name, kill_after=self.kill_after, stop_grace=self.stop_grace
                 )
                 self._sidecar = link
                 for record in self._records.values():

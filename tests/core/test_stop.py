@@ -100,7 +100,7 @@ def test_without_a_request_sigterm_comes_first_and_is_not_a_warning(
 
 
 @pytest.mark.timeout(30)
-def test_a_term_timeout_of_0_goes_straight_to_sigkill() -> None:
+def test_a_kill_after_of_0_goes_straight_to_sigkill() -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     report = stop([sleeper], kill_after=0)
     assert report.killed == (sleeper.pid,) and not report.terminated
