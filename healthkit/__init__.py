@@ -8,6 +8,7 @@ value types and their errors live here. Watchdog actions are in
 whose names start with an underscore are private.
 """
 
+import sys as _sys
 import warnings as _warnings
 from typing import Any as _Any
 
@@ -31,9 +32,6 @@ from healthkit._errors import (
     ProcessDiedError,
     ProcessNotStartedError,
     WatchClosedError,
-)
-from healthkit._errors import (
-    publish as _publish,
 )
 from healthkit._records import HelperException, record_exception
 from healthkit._sidecar import SidecarError
@@ -77,9 +75,14 @@ __all__ = [
 
 # Each exported object reports the module users import (healthkit.ProcessWatch, not
 # healthkit._watch.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
-_publish("healthkit", __all__, globals())
-_publish("healthkit.actions", actions.__all__, vars(actions))
-_publish("healthkit.lowlevel", lowlevel.__all__, vars(lowlevel))
+for _module in (actions, lowlevel, _sys.modules[__name__]):
+    for _name in _module.__all__:
+        _obj = getattr(_module, _name)
+        if (isinstance(_obj, type) or hasattr(_obj, "__code__")) and _obj.__module__.startswith(
+            "healthkit._"
+        ):
+            _obj.__module__ = _module.__name__
+del _module, _name, _obj
 
 
 def __getattr__(name: str) -> _Any:

@@ -287,20 +287,6 @@ def check_seconds(value: object, what: str) -> float:
     return v
 
 
-def publish(public: str, names: list[str], namespace: dict[str, object]) -> None:
-    """Set ``__module__`` of the classes and functions a package exports to the package
-    (``public``), so that reprs, tracebacks and pickles name the module users import, not
-    the private one that defines them. Names defined in another public module keep it."""
-    package = public.split(".")[0]
-    for name in names:
-        obj = namespace[name]
-        if not (isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__"))):
-            continue
-        module = getattr(obj, "__module__", "") or ""
-        if module.startswith(f"{package}._"):
-            obj.__module__ = public
-
-
 def check_str(value: object, what: str, *, allow_none: bool = False) -> str | None:
     """A str (or ``None`` when allowed)."""
     if value is None and allow_none:
