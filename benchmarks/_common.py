@@ -254,7 +254,7 @@ def stop_children(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """End the benchmark's children with the product's own ladder (SIGTERM, then SIGKILL)."""
     import healthkit
 
-    healthkit.stop(procs, term_timeout=10, name="benchmark children")
+    healthkit.stop(procs, kill_after=10, name="benchmark children")
 
 
 def sleep_forever() -> None:  # target of fork-started helpers

@@ -68,7 +68,7 @@ def measure(n: int) -> dict[str, Any]:
     finally:
         for w in watches:
             w.close()
-        hk.stop(procs, term_timeout=10)
+        hk.stop(procs, kill_after=10)
     return {
         "n": n,
         "rounds": ROUNDS,

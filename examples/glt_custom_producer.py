@@ -137,7 +137,7 @@ class Backend:
         healthkit.stop(
             self.workers, request=None if failed else lambda: [self.tasks.put(None)
                                                                for _ in self.workers],
-            grace=0.0 if failed else 5.0, term_timeout=5.0, kill_timeout=5.0,
+            grace=0.0 if failed else 5.0, kill_after=5.0, kill_timeout=5.0,
             name="backend workers",
         )  # fmt: skip
         self.tasks.cancel_join_thread()

@@ -8,6 +8,10 @@ value types and their errors live here. Watchdog actions are in
 whose names start with an underscore are private.
 """
 
+import sys as _sys
+import warnings as _warnings
+from typing import Any as _Any
+
 from healthkit import actions, lowlevel
 from healthkit._barrier import (
     BarrierBrokenError,
@@ -17,13 +21,13 @@ from healthkit._barrier import (
 )
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
 from healthkit._errors import (
+    DEPRECATED_ERROR_ALIASES as _DEPRECATED_ERROR_ALIASES,
+)
+from healthkit._errors import (
     HealthkitError,
     InterpreterShutdownError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    InvalidEnvValueError,
-    InvalidExitCodeError,
-    InvalidTimeoutError,
     NoSuchProcessError,
     ProcessDiedError,
     ProcessNotStartedError,
@@ -52,9 +56,6 @@ __all__ = [
     "InterpreterShutdownError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
-    "InvalidEnvValueError",
-    "InvalidExitCodeError",
-    "InvalidTimeoutError",
     "NoSuchProcessError",
     "PartyReport",
     "ProcessDiedError",
@@ -71,3 +72,27 @@ __all__ = [
     "record_exception",
     "stop",
 ]
+
+# Each exported object reports the module users import (healthkit.ProcessWatch, not
+# healthkit._watch.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
+for _module in (actions, lowlevel, _sys.modules[__name__]):
+    for _name in _module.__all__:
+        _obj = getattr(_module, _name)
+        if (isinstance(_obj, type) or hasattr(_obj, "__code__")) and _obj.__module__.startswith(
+            "healthkit._"
+        ):
+            _obj.__module__ = _module.__name__
+del _module, _name, _obj
+
+
+def __getattr__(name: str) -> _Any:
+    new = _DEPRECATED_ERROR_ALIASES.get(name)
+    if new is None:
+        raise AttributeError(f"module 'healthkit' has no attribute {name!r}")
+    _warnings.warn(
+        f"healthkit.{name} is deprecated and will be removed in the next release: it is "
+        f"healthkit.{new} now (catch that, or ValueError)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

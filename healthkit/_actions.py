@@ -24,7 +24,12 @@ from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ProcessDiedError,
+    check_bool,
     check_exit_code,
+    check_int,
+    check_path,
+    check_pid,
+    check_str,
 )
 from healthkit._safefile import UnsafePathError, write_file
 from healthkit._stopsignals import STOP_SIGNALS
@@ -67,9 +72,26 @@ class FailureEvent:
     ) -> None:
         """``diagnosis`` is the diagnosis, or a function that works it out (then ``brief``
         is required: the diagnosis to fall back on if that function fails)."""
+        if not (isinstance(diagnosis, Diagnosis) or callable(diagnosis)):
+            raise InvalidArgumentTypeError(
+                f"diagnosis must be a healthkit.Diagnosis or a function returning one, got "
+                f"{diagnosis!r}",
+                "diagnosis",
+            )
+        if brief is not None and not isinstance(brief, Diagnosis):
+            raise InvalidArgumentTypeError(
+                f"brief must be a healthkit.Diagnosis or None, got {brief!r}", "brief"
+            )
+        check_str(watchdog_name, "watchdog_name")
+        if owner_pid is not None:
+            check_pid(owner_pid, "owner_pid")
         if callable(diagnosis):
             if brief is None:
-                raise TypeError("a FailureEvent with a deferred diagnosis needs brief=")
+                raise InvalidArgumentTypeError(
+                    "a FailureEvent with a deferred diagnosis needs brief= (the diagnosis to "
+                    "fall back on if working it out fails)",
+                    "brief",
+                )
             self._explain: Callable[[], Diagnosis] | None = diagnosis
             self._diagnosis: Diagnosis | None = None
             self.brief = brief
@@ -145,8 +167,19 @@ def flush_logging(log: logging.Logger | None = None) -> None:
 class log_diagnosis:
     """Log the diagnosis (default: ERROR on the ``healthkit`` logger) and flush everything."""
 
-    logger: logging.Logger = logger
-    level: int = logging.ERROR
+    logger: logging.Logger = attrs.field(default=logger)
+    level: int = attrs.field(default=logging.ERROR)
+
+    @logger.validator
+    def _check_logger(self, attribute: object, value: object) -> None:
+        if not isinstance(value, logging.Logger):
+            raise InvalidArgumentTypeError(
+                f"logger must be a logging.Logger, got {value!r}", "logger"
+            )
+
+    @level.validator
+    def _check_level(self, attribute: object, value: object) -> None:
+        check_int(value, "level", minimum=0)
 
     def __call__(self, event: FailureEvent) -> None:
         emit(self.logger, self.level, event.message)
@@ -208,7 +241,11 @@ class write_torchelastic_error_file:
     a directory owned by another user or that others can write to without the sticky bit.
     """
 
-    path: str | None = None
+    path: str | None = attrs.field(default=None)
+
+    @path.validator
+    def _check_path(self, attribute: object, value: object) -> None:
+        check_path(value, "path", allow_none=True)
 
     def __call__(self, event: FailureEvent) -> None:
         path = self.path or os.environ.get(TORCHELASTIC_ERROR_FILE)
@@ -235,16 +272,20 @@ class exit_process:
     orphaned; so first send SIGTERM to every process below this one (multiprocessing
     children, ``Popen`` helpers, DataLoader workers and their own children, each pinned by
     a pidfd), without waiting for them: they may be stuck too. ``code`` must be in 1..255
-    (:class:`InvalidExitCodeError` otherwise): the OS keeps 8 bits, so 256 would read as a
+    (:class:`InvalidArgumentError` otherwise): the OS keeps 8 bits, so 256 would read as a
     success.
     """
 
     code: int = attrs.field(default=1)
-    terminate_children: bool = True
+    terminate_children: bool = attrs.field(default=True)
+
+    @terminate_children.validator
+    def _check_terminate_children(self, attribute: object, value: object) -> None:
+        check_bool(value, "terminate_children")
 
     @code.validator
     def _check_code(self, attribute: object, value: object) -> None:
-        check_exit_code(value, "exit_process code")
+        check_exit_code(value, "code")
 
     def __call__(self, event: FailureEvent) -> None:
         if self.terminate_children:

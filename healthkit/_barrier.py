@@ -198,6 +198,15 @@ class BoundedBarrier:
         if hint is not None and not isinstance(hint, str):
             raise InvalidArgumentTypeError(f"hint must be a str or None, got {hint!r}", "hint")
         self.abort_grace: float = check_timeout(abort_grace, "abort_grace", allow_none=False)  # type: ignore[assignment]
+        if ctx is not None and not isinstance(ctx, BaseContext):
+            raise InvalidArgumentTypeError(
+                f"ctx must be a multiprocessing context (multiprocessing.get_context({ctx!r})"
+                f" if you meant that start method), or None for spawn; got {ctx!r}",
+                "ctx",
+            )
+        for what, text in (("name", name), ("worker_label", worker_label)):
+            if not isinstance(text, str):
+                raise InvalidArgumentTypeError(f"{what} must be a str, got {text!r}", what)
         ctx = ctx or multiprocessing.get_context("spawn")
         self.parties = parties
         self.name = name

@@ -16,11 +16,17 @@ Its inputs are everything the verdict depends on, so the whole rule is one table
 from __future__ import annotations
 
 import enum
+import math
 from typing import Literal
 
 import attrs
 
-from healthkit._errors import InvalidArgumentError
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_seconds,
+)
 from healthkit._stopsignals import STOP_SIGNALS, StopEpisode
 from healthkit._watch import ExitStatus
 
@@ -66,6 +72,10 @@ def stop_like(status: ExitStatus) -> bool:
     Python handlers and ends however they end: ``sys.exit(0)``, a ``KeyboardInterrupt``
     exiting 1, ...), and an unknown status. Deaths by SIGKILL or a crash signal never are.
     """
+    if not isinstance(status, ExitStatus):
+        raise InvalidArgumentTypeError(
+            f"status must be a healthkit.ExitStatus, got {status!r}", "status"
+        )
     sig = status.signal
     if sig is not None:
         return sig in STOP_SIGNALS
@@ -117,6 +127,28 @@ def decide(
     - otherwise: a non-zero or signal exit fires; an exit 0 follows ``on_clean_exit``; an
       unknown status fires under ``"fail"`` (it ended, whatever its code) and warns otherwise.
     """
+    if status is not None and not isinstance(status, ExitStatus):
+        raise InvalidArgumentTypeError(
+            f"status must be a healthkit.ExitStatus or None, got {status!r}", "status"
+        )
+    for what, flag in (
+        ("armed", armed),
+        ("stopped_by_healthkit", stopped_by_healthkit),
+        ("same_group", same_group),
+        ("owner_exiting", owner_exiting),
+        ("owner_gone", owner_gone),
+    ):
+        check_bool(flag, what)
+    check_on_clean_exit(on_clean_exit)
+    if stop is not None and not isinstance(stop, StopEpisode):
+        raise InvalidArgumentTypeError(
+            f"stop must be a StopEpisode (healthkit.lowlevel.current_episode) or None, got "
+            f"{stop!r}",
+            "stop",
+        )
+    check_seconds(stop_grace, "stop_grace")
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise InvalidArgumentTypeError(f"now must be a finite number, got {now!r}", "now")
     if status is None:
         return Decision(Verdict.KEEP_WATCHING, "still running")
     if not armed:

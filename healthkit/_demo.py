@@ -133,7 +133,7 @@ def _producer(scenario: str, guarded: bool, log_path: str, error_file: str) -> N
         plain.wait()  # the stock producer: unbounded (GiGL's bound is 3 x 600 s)
         return
     def teardown(error: BarrierBrokenError) -> None:
-        stop(workers, term_timeout=5, name="sampling workers")
+        stop(workers, kill_after=5, name="sampling workers")
 
     try:
         bounded.wait(workers, on_failure=teardown)

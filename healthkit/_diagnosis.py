@@ -11,7 +11,14 @@ from typing import Protocol
 
 import attrs
 
-from healthkit._errors import InvalidArgumentError, InvalidArgumentTypeError, check_pid
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_path,
+    check_pid,
+    path_arg,
+)
 from healthkit._evidence import (
     KernelLog,
     KernelLogFollower,
@@ -200,6 +207,19 @@ class ExitDiagnoser:
         ``local_evidence=False`` reads nothing of this machine (no kernel log, cgroup,
         ``/dev/shm`` or records): for an exit code copied from another machine's log.
         """
+        proc_root = path_arg(proc_root, "proc_root")
+        cgroup_root = path_arg(cgroup_root, "cgroup_root")
+        shm_path = path_arg(shm_path, "shm_path")
+        kmsg_path = check_path(kmsg_path, "kmsg_path", allow_none=True)
+        records = check_path(records, "records", allow_none=True)
+        if cgroup is not None and not isinstance(cgroup, MemoryCgroup):
+            raise InvalidArgumentTypeError(
+                f"cgroup must be a memory cgroup from healthkit's own lookup, or None, got "
+                f"{cgroup!r}",
+                "cgroup",
+            )
+        check_bool(history, "history")
+        check_bool(local_evidence, "local_evidence")
         self._lock = threading.Lock()
         self._shm_path = shm_path
         self._proc_root = proc_root

@@ -10,7 +10,10 @@ OS truncates to 0) is worse than a refusal at the call.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -25,8 +28,33 @@ MAX_TIMEOUT_S: Final = (2**31 - 1) // 1000
 PID_MAX_LIMIT: Final = 1 << 22
 
 
+def _rebuild(
+    cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]
+) -> BaseException:
+    """Unpickle an error without calling its ``__init__`` (whose signature may differ from
+    ``args``): errors cross process boundaries (a sampling worker's, a server's)."""
+    # The C base that allocates it (OSError's for a TimeoutError subclass) must do it; the
+    # first __new__ in the MRO that accepts the class is that one.
+    error: BaseException | None = None
+    for base in cls.__mro__:
+        if "__new__" in vars(base):
+            try:
+                new: Callable[..., BaseException] = base.__new__
+                error = new(cls, *args)
+                break
+            except TypeError:
+                continue
+    assert error is not None
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class HealthkitError(Exception):
     """Base class of every error healthkit raises on purpose."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
 class NoSuchProcessError(HealthkitError, ProcessLookupError):
@@ -42,8 +70,9 @@ class WatchClosedError(HealthkitError, ValueError):
 
 
 class InvalidArgumentError(HealthkitError, ValueError):
-    """A value given to healthkit cannot be used. ``argument`` names the parameter (or the
-    environment variable) it was given as."""
+    """A value given to healthkit cannot be used: a bad argument, an out-of-range timeout or
+    exit code, an unusable environment value (strict mode). ``argument`` names the parameter
+    (or the environment variable) it was given as; the message says what to change."""
 
     def __init__(self, message: str, argument: str | None = None) -> None:
         super().__init__(message)
@@ -54,18 +83,13 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """A value of the wrong type (also a ``TypeError``)."""
 
 
-class InvalidTimeoutError(InvalidArgumentError):
-    """A timeout or interval is not a number, negative, NaN, infinite, or longer than the OS
-    can wait (:data:`MAX_TIMEOUT_S`)."""
-
-
-class InvalidExitCodeError(InvalidArgumentError):
-    """An exit code outside 1..255 (the OS keeps only the low 8 bits: 256 would read as a
-    success)."""
-
-
-class InvalidEnvValueError(InvalidArgumentError):
-    """An environment variable holds a value that cannot be used (strict mode only)."""
+#: Deprecated aliases of :class:`InvalidArgumentError` (separate classes up to 0.x; nothing
+#: caught them apart). Importing them from ``healthkit`` warns; removed in the next release.
+DEPRECATED_ERROR_ALIASES: Final = {
+    "InvalidTimeoutError": "InvalidArgumentError",
+    "InvalidExitCodeError": "InvalidArgumentError",
+    "InvalidEnvValueError": "InvalidArgumentError",
+}
 
 
 class InterpreterShutdownError(HealthkitError, RuntimeError):
@@ -102,9 +126,9 @@ def check_timeout(
     if value is None:
         if allow_none:
             return None
-        raise InvalidTimeoutError(f"{what} must be a number of seconds, not None", what)
+        raise InvalidArgumentError(f"{what} must be a number of seconds, not None", what)
     if not _is_number(value):
-        raise InvalidTimeoutError(
+        raise InvalidArgumentTypeError(
             f"{what} must be a number of seconds, got {value!r} ({type(value).__name__})", what
         )
     try:
@@ -112,14 +136,14 @@ def check_timeout(
     except OverflowError:  # an int too large for a float
         v = math.inf
     if not math.isfinite(v):
-        raise InvalidTimeoutError(
+        raise InvalidArgumentError(
             f"{what} must be a finite number of seconds, got {value!r}{none_hint}", what
         )
     low = "> 0" if positive and minimum <= 0 else f">= {minimum:g}"
     if v < minimum or (positive and v <= 0):
-        raise InvalidTimeoutError(f"{what} must be {low} seconds, got {value!r}", what)
+        raise InvalidArgumentError(f"{what} must be {low} seconds, got {value!r}", what)
     if v > MAX_TIMEOUT_S:
-        raise InvalidTimeoutError(
+        raise InvalidArgumentError(
             f"{what}={value!r} seconds is longer than the OS can wait "
             f"({MAX_TIMEOUT_S} s, about 24.8 days){none_hint}",
             what,
@@ -137,11 +161,11 @@ def check_bound(value: float, what: str) -> float:
 def check_exit_code(value: object, what: str = "exit_code") -> int:
     """An exit code a launcher reads as a failure: an int in 1..255."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidExitCodeError(
+        raise InvalidArgumentTypeError(
             f"{what} must be an int in 1..255, got {value!r} ({type(value).__name__})", what
         )
     if not 1 <= value <= 255:
-        raise InvalidExitCodeError(
+        raise InvalidArgumentError(
             f"{what} must be in 1..255 (the OS keeps only 8 bits, and 0 means success), "
             f"got {value}",
             what,
@@ -188,3 +212,108 @@ def check_positive_number(value: object, what: str) -> float:
     if not (math.isfinite(v) and v > 0):
         raise InvalidArgumentError(f"{what} must be a finite number > 0, got {value!r}", what)
     return v
+
+
+def renamed_argument(
+    old_name: str, old_value: float | None, new_name: str, new_value: float, new_default: float
+) -> float:
+    """The value of a duration argument renamed to ``new_name``, given under either name.
+
+    The old keyword keeps working for one release with a :class:`DeprecationWarning`; both at
+    once (the new one not at its default) is refused, since one of them would be ignored.
+    """
+    if old_value is None:
+        return new_value
+    warnings.warn(
+        f"{old_name}= is deprecated and will be removed in the next release: "
+        f"pass {new_name}= (the same seconds from SIGTERM to SIGKILL)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if new_value != new_default:
+        raise InvalidArgumentError(
+            f"{old_name}= is the old name of {new_name}=; pass only {new_name}=", old_name
+        )
+    return check_seconds(old_value, old_name)  # a bad value is named as it was given
+
+
+def check_int(
+    value: object, what: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """An int (not a bool) within ``minimum..maximum`` (either end optional)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError(
+            f"{what} must be an int, got {value!r} ({type(value).__name__})", what
+        )
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        if maximum is None:
+            wanted = f">= {minimum}"
+        elif minimum is None:
+            wanted = f"<= {maximum}"
+        else:
+            wanted = f"in {minimum}..{maximum}"
+        raise InvalidArgumentError(f"{what} must be an int {wanted}, got {value}", what)
+    return value
+
+
+def check_bool(value: object, what: str) -> bool:
+    """``True`` or ``False``: a truthy string such as ``"false"`` is a mistake, not a yes."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentTypeError(f"{what} must be True or False, got {value!r}", what)
+    return value
+
+
+def check_choice(value: object, choices: tuple[str, ...], what: str) -> str:
+    """One of ``choices`` (strings)."""
+    if not isinstance(value, str) or value not in choices:
+        names = ", ".join(repr(c) for c in choices)
+        error = InvalidArgumentError if isinstance(value, str) else InvalidArgumentTypeError
+        raise error(f"{what} must be one of {names}, got {value!r}", what)
+    return value
+
+
+def check_callable(value: object, what: str) -> None:
+    """Something to call (a function, a class, an object with ``__call__``)."""
+    if not callable(value):
+        raise InvalidArgumentTypeError(
+            f"{what} must be callable, got {value!r} ({type(value).__name__})", what
+        )
+
+
+def check_seconds(value: object, what: str) -> float:
+    """A number of seconds >= 0 (``0``: that step is skipped); ``None`` is refused."""
+    v = check_timeout(value, what, allow_none=False)  # type: ignore[arg-type]
+    assert v is not None
+    return v
+
+
+def check_str(value: object, what: str, *, allow_none: bool = False) -> str | None:
+    """A str (or ``None`` when allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        none = " or None" if allow_none else ""
+        raise InvalidArgumentTypeError(f"{what} must be a str{none}, got {value!r}", what)
+    return value
+
+
+def check_path(value: object, what: str, *, allow_none: bool = False) -> str | None:
+    """A filesystem path: a str or ``os.PathLike`` (returned as a str), or ``None`` when
+    allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value or "\0" in value:
+        none = " or None" if allow_none else ""
+        raise InvalidArgumentTypeError(
+            f"{what} must be a path (a non-empty str or os.PathLike){none}, got {value!r}", what
+        )
+    return value
+
+
+def path_arg(value: object, what: str) -> str:
+    """:func:`check_path` for a path that cannot be ``None``."""
+    path = check_path(value, what)
+    assert path is not None
+    return path

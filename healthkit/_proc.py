@@ -12,6 +12,8 @@ import os
 
 import attrs
 
+from healthkit._errors import check_pid, path_arg
+
 __all__ = [
     "ProcStat",
     "catches_signal",
@@ -44,6 +46,8 @@ class ProcStat:
 def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
     """Parse ``<proc_root>/<pid>/stat``; ``None`` when the process is gone, or when the
     file is truncated or garbled (logged as a warning: the caller then knows nothing)."""
+    check_pid(pid, "pid")
+    proc_root = path_arg(proc_root, "proc_root")
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as f:
             raw = f.read().decode("utf-8", "replace")
@@ -191,6 +195,8 @@ def read_peak_rss(pid: int, proc_root: str = "/proc") -> int | None:
 def children(pid: int, proc_root: str = "/proc") -> list[int]:
     """Direct children of ``pid`` (zombies included), from every thread's ``children`` file
     (a child belongs to the thread that forked it)."""
+    check_pid(pid, "pid")
+    proc_root = path_arg(proc_root, "proc_root")
     out: list[int] = []
     try:
         tids = os.listdir(f"{proc_root}/{pid}/task")
@@ -207,6 +213,8 @@ def children(pid: int, proc_root: str = "/proc") -> list[int]:
 
 def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
     """Every process below ``pid``, parents before their children."""
+    check_pid(pid, "pid")
+    proc_root = path_arg(proc_root, "proc_root")
     out: list[int] = []
     todo = [pid]
     while todo:

@@ -289,7 +289,8 @@ class _Recorded(Generic[P, R]):
             from healthkit._errors import InvalidArgumentTypeError
 
             raise InvalidArgumentTypeError(
-                f"record_exception wraps a function, got {func!r} ({type(func).__name__})",
+                f"func: record_exception wraps a function, got {func!r} "
+                f"({type(func).__name__})",
                 "func",
             )
         functools.update_wrapper(self, func)

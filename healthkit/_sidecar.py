@@ -38,7 +38,7 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 ==================  =========================================================================
 owner -> sidecar
 ==================  =========================================================================
-``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_grace``, ``stop_grace``,
+``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_after``, ``stop_grace``,
                     ``second_look``, ``logging`` (:func:`logging_plan`); answered by
                     ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
@@ -237,7 +237,7 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
-    def __init__(self, *, name: str, kill_grace: float, stop_grace: float) -> None:
+    def __init__(self, *, name: str, kill_after: float, stop_grace: float) -> None:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
@@ -266,7 +266,7 @@ class SidecarLink:
             owner_pid=os.getpid(),
             owner_pgrp=os.getpgrp(),
             name=name,
-            kill_grace=kill_grace,
+            kill_after=kill_after,
             stop_grace=stop_grace,
             second_look=_judge.SECOND_LOOK_S,
             logging=log_plan,
@@ -402,7 +402,7 @@ class SidecarLink:
         if timeout is None:
             self._proc.wait()
         else:
-            stop([self._proc], grace=timeout, term_timeout=0, name="the healthkit sidecar")
+            stop([self._proc], grace=timeout, kill_after=0, name="the healthkit sidecar")
         self.close()
 
     def close(self) -> None:
@@ -426,7 +426,7 @@ class SidecarLink:
             except (TimeoutError, OSError):
                 chunk = b""
             if not chunk:
-                stop([self._proc], term_timeout=0, name="the healthkit sidecar")
+                stop([self._proc], kill_after=0, name="the healthkit sidecar")
                 self._sock.close()
                 self._closed = True
                 raise SidecarError(
@@ -705,9 +705,9 @@ class _Sidecar:
         tree = watch_tree(self.owner.pid, exclude=[os.getpid()])
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
         # the owner's GIL is held.
-        grace = float(config["kill_grace"])
-        stop([self.owner], term_timeout=grace, name="the owner")
-        stop(tree, term_timeout=grace, name="the owner's helpers")
+        grace = float(config["kill_after"])
+        stop([self.owner], kill_after=grace, name="the owner")
+        stop(tree, kill_after=grace, name="the owner's helpers")
         for watch in tree:
             watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):

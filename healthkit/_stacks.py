@@ -31,7 +31,16 @@ import time
 from collections.abc import Iterable
 from typing import IO
 
-from healthkit._errors import InvalidArgumentTypeError, check_pid, check_signal, check_timeout
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_path,
+    check_pid,
+    check_signal,
+    check_timeout,
+    path_arg,
+)
 from healthkit._proc import catches_signal, descendants, read_proc_stat
 from healthkit._safefile import UnsafePathError, open_directory
 from healthkit._userdir import record_dir
@@ -54,6 +63,18 @@ def stack_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"stack-{pid}.txt")
 
 
+def _catchable(signum: object) -> signal.Signals:
+    """A stack-dump signal: one a handler can catch (SIGKILL/SIGSTOP would end or stop)."""
+    sig = check_signal(signum, "signum")
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise InvalidArgumentError(
+            f"signum {sig.name} cannot be caught, so no process can dump on it; use "
+            "signal.SIGUSR2 (the default)",
+            "signum",
+        )
+    return sig
+
+
 def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | None:
     """Make this process dump all thread stacks to a file in ``directory`` on ``signum``.
 
@@ -66,7 +87,7 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | No
         raise InvalidArgumentTypeError(
             f"directory must be a path, got {directory!r}", "directory"
         )
-    sig = check_signal(signum, "signum")
+    sig = _catchable(signum)
     return _enable(os.fspath(directory), sig, private=False)
 
 
@@ -259,7 +280,8 @@ def dump_stacks(
     in, withdrew at exit, or its pid was recycled: the signal could kill it) or that did not
     answer within ``timeout``.
     """
-    sig = int(check_signal(signum, "signum"))
+    directory = path_arg(directory, "directory")
+    sig = int(_catchable(signum))
     bound = check_timeout(timeout, "timeout", allow_none=False)
     assert bound is not None
     if isinstance(pids, (str, bytes)) or not hasattr(pids, "__iter__"):
@@ -357,7 +379,8 @@ def dump_helper_stacks(
     ``pid -> stacks`` (``None`` for a process that did not opt in or did not answer within
     ``timeout``). Nothing is sent to a process that did not opt in: the signal would kill it.
     """
-    directory = directory or record_dir()
+    check_bool(below, "below")
+    directory = check_path(directory, "directory", allow_none=True) or record_dir()
     if pids is None:
         targets = opted_in(directory)
     else:

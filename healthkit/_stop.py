@@ -22,7 +22,15 @@ from multiprocessing.process import BaseProcess
 
 import attrs
 
-from healthkit._errors import NoSuchProcessError, check_timeout
+from healthkit._errors import (
+    PID_MAX_LIMIT,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NoSuchProcessError,
+    check_callable,
+    check_timeout,
+    renamed_argument,
+)
 from healthkit._proc import descendants, read_proc_stat
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
@@ -95,30 +103,69 @@ class StopReport:
         return bool(self.terminated or self.killed or self.survivors)
 
 
+def _check_targets(targets: object) -> list[StopTarget]:
+    """Every target, checked before anything is signalled: a pid that no process can have
+    (``0``, ``-1``, past ``PID_MAX_LIMIT``) is a caller's bug, not a process already gone."""
+    if isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
+        raise InvalidArgumentTypeError(
+            f"targets must be a list of processes (Process, Popen, ProcessWatch or pid), got "
+            f"{targets!r}",
+            "targets",
+        )
+    checked: list[StopTarget] = []
+    for target in targets:
+        if isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
+            checked.append(target)
+        elif isinstance(target, int) and not isinstance(target, bool):
+            if not 1 <= target <= PID_MAX_LIMIT:
+                raise InvalidArgumentError(
+                    f"targets holds {target}, which no process can have as its pid (pids are "
+                    f"1..{PID_MAX_LIMIT}; 0 and -1 would mean process groups to kill(2))",
+                    "targets",
+                )
+            checked.append(target)
+        else:
+            raise InvalidArgumentTypeError(
+                f"targets must hold a Process, Popen, ProcessWatch or pid, got {target!r}",
+                "targets",
+            )
+    return checked
+
+
 def stop(
     targets: Iterable[StopTarget],
     *,
     request: Callable[[], None] | None = None,
     grace: float = 0.0,
-    term_timeout: float = 5.0,
+    kill_after: float = 5.0,
     kill_timeout: float = 5.0,
     name: str = "processes",
     log: logging.Logger | None = None,
+    term_timeout: float | None = None,
 ) -> StopReport:
     """Stop ``targets`` with the STOP -> join -> SIGTERM -> SIGKILL ladder and return a report.
 
     ``request()`` (optional) asks them to finish by themselves (e.g. puts a STOP command on
     their queues); then up to ``grace`` seconds for them to end; SIGTERM to the rest and up to
-    ``term_timeout`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
-    ``kill_timeout`` seconds. The whole
-    call is bounded by ``grace + term_timeout + kill_timeout``. Processes whose owner objects
+    ``kill_after`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
+    ``kill_timeout`` seconds for them to end. The whole call is bounded by
+    ``grace + kill_after + kill_timeout``. (``term_timeout`` is the deprecated name of
+    ``kill_after``.) Processes whose owner objects
     are given (``Process``, ``Popen``) are reaped through them; bare pids are left to their
     parent. Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
     """
     grace_s = check_timeout(grace, "grace", allow_none=False)
-    term_s = check_timeout(term_timeout, "term_timeout", allow_none=False)
+    kill_after = renamed_argument("term_timeout", term_timeout, "kill_after", kill_after, 5.0)
+    term_s = check_timeout(kill_after, "kill_after", allow_none=False)
     kill_s = check_timeout(kill_timeout, "kill_timeout", allow_none=False)
     assert grace_s is not None and term_s is not None and kill_s is not None
+    if request is not None:
+        check_callable(request, "request")
+    if not isinstance(name, str):
+        raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
+    if log is not None and not isinstance(log, logging.Logger):
+        raise InvalidArgumentTypeError(f"log must be a logging.Logger, got {log!r}", "log")
+    targets = _check_targets(targets)
     log = log or logger
     started = time.monotonic()
     owners: list[BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str]] = []

@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 import os
 import select
 import signal
@@ -65,6 +66,7 @@ from typing import Final, Literal
 
 import attrs
 
+from healthkit._errors import InvalidArgumentTypeError, check_seconds, check_signal
 from healthkit._proc import read_pending_signals, read_threads
 
 __all__ = [
@@ -124,6 +126,14 @@ def current_episode(history: Iterable[Signal], now: float, grace: float) -> Stop
     belongs to it (Ctrl-C pressed twice is one stop), a stop signal after it begins a new one.
     Pure: the same history, time and grace always give the same episode.
     """
+    if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
+        raise InvalidArgumentTypeError(
+            f"history must be an iterable of (signal, time, how seen), got {history!r}",
+            "history",
+        )
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise InvalidArgumentTypeError(f"now must be a finite number, got {now!r}", "now")
+    check_seconds(grace, "grace")
     began: Signal | None = None
     # History holds only signals that have arrived: one stamped after ``now`` arrived while
     # the caller was reading it (the read takes a moment), so it counts as arrived at ``now``.
@@ -391,7 +401,7 @@ def may_be_taking_stop() -> bool:
 def note_stop(signum: int = signal.SIGTERM) -> None:
     """Record that this process is being stopped, for handlers healthkit cannot see (one
     written in C, or a signal delivered through a route that bypasses the wakeup fd)."""
-    sig = signal.Signals(signum)
+    sig = check_signal(signum, "signum")
     listener = _here()
     if listener is None:
         if not install():

@@ -42,12 +42,18 @@ from typing import Final
 import attrs
 
 from healthkit._errors import (
+    InvalidArgumentError,
     InvalidArgumentTypeError,
     NoSuchProcessError,
     ProcessNotStartedError,
     WatchClosedError,
+    check_bool,
+    check_callable,
+    check_int,
     check_pid,
+    check_str,
     check_timeout,
+    path_arg,
 )
 from healthkit._proc import may_read_exit_code, read_peak_rss, read_proc_stat
 
@@ -192,6 +198,9 @@ class ProcessWatch:
         proc_root: str = "/proc",
         use_pidfd: bool = True,
     ) -> None:
+        check_str(name, "name", allow_none=True)
+        proc_root = path_arg(proc_root, "proc_root")
+        check_bool(use_pidfd, "use_pidfd")
         self._lock = threading.Lock()
         self._status: ExitStatus | None = None
         self._closed = False
@@ -228,8 +237,8 @@ class ProcessWatch:
             default_name = f"pid {target}"
         else:
             raise InvalidArgumentTypeError(
-                "ProcessWatch needs a multiprocessing.Process, a subprocess.Popen or a pid, "
-                f"got {type(target).__name__}",
+                "target must be a multiprocessing.Process, a subprocess.Popen or a pid, "
+                f"got {target!r} ({type(target).__name__})",
                 "target",
             )
         self.pid: int = pid
@@ -591,6 +600,19 @@ class WatchSet:
     """
 
     def __init__(self, watches: Iterable[ProcessWatch] = ()) -> None:
+        if isinstance(watches, (str, bytes)) or not isinstance(watches, Iterable):
+            raise InvalidArgumentTypeError(
+                f"watches must be an iterable of healthkit.ProcessWatch, got {watches!r}",
+                "watches",
+            )
+        watches = list(watches)
+        for w in watches:
+            if not isinstance(w, ProcessWatch):
+                raise InvalidArgumentTypeError(
+                    f"watches must hold healthkit.ProcessWatch objects (wrap a Process, Popen "
+                    f"or pid in ProcessWatch(...)), got {w!r}",
+                    "watches",
+                )
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         # Guards the wake-up pipe's fds against close(): writing to a closed fd *number*
@@ -612,6 +634,12 @@ class WatchSet:
 
     def add(self, watch: ProcessWatch) -> None:
         """Start waiting on ``watch``; adding the same watch twice is a no-op."""
+        if not isinstance(watch, ProcessWatch):
+            raise InvalidArgumentTypeError(
+                f"watch must be a healthkit.ProcessWatch (wrap a Process, Popen or pid in "
+                f"ProcessWatch(...)), got {watch!r}",
+                "watch",
+            )
         with self._lock:
             self._check_open()
             if id(watch) in self._watches:
@@ -637,10 +665,14 @@ class WatchSet:
         readiness is level-triggered) and may call :meth:`wake` to make :meth:`wait` return.
         The fd stays the caller's: :meth:`close` does not close it.
         """
+        check_int(fd, "fd", minimum=0)
+        check_callable(on_ready, "on_ready")
         with self._lock:
             self._check_open()
             if fd in self._plain:
-                raise ValueError(f"fd {fd} is already in this WatchSet")
+                raise InvalidArgumentError(
+                    f"fd {fd} is already in this WatchSet: remove_fd() it first", "fd"
+                )
             holder = _PlainFd(fd, on_ready)
             self._selector.register(fd, selectors.EVENT_READ, holder)
             self._plain[fd] = holder

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
@@ -50,6 +51,7 @@ from healthkit._errors import (
     check_exit_code,
     check_pid,
     check_timeout,
+    renamed_argument,
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._sidecar import SidecarLink
@@ -120,6 +122,17 @@ def _install_hooks() -> None:
         _hooks_installed = True
 
 
+def _check_target(target: object, what: str) -> None:
+    if isinstance(target, int) and not isinstance(target, bool):
+        check_pid(target, what)
+    elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a multiprocessing.Process, a subprocess.Popen, a "
+            f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
+            what,
+        )
+
+
 class DisarmableWatchdog:
     """Watch helper processes; on an abnormal exit run actions (default: log, error file,
     ``os._exit(1)``) unless disarmed first.
@@ -128,8 +141,9 @@ class DisarmableWatchdog:
     ``mode="sidecar"`` watches from a small separate process, for owners whose main thread
     may sit in native code holding the GIL (a thread cannot run then; a process can). The
     sidecar logs, writes the torchelastic error file and then stops the stuck owner (SIGTERM,
-    then SIGKILL after ``kill_grace``) so the launcher tears the job down; it runs no Python
-    callbacks of the owner, so ``exit_code`` applies to thread mode only. A thread in the
+    then SIGKILL after ``kill_after`` seconds) so the launcher tears the job down; it runs no
+    Python callbacks of the owner, so ``exit_code`` applies to thread mode only.
+    (``kill_grace`` is the deprecated name of ``kill_after``.) A thread in the
     owner still tells the sidecar the exit statuses it learns and, if the sidecar dies,
     logs it at ERROR and takes over the watching.
 
@@ -151,9 +165,10 @@ class DisarmableWatchdog:
         diagnoser: ExitDiagnoser | None = None,
         on_clean_exit: OnCleanExit = "fail",
         exit_code: int = 1,
-        kill_grace: float = 2.0,
+        kill_after: float = 2.0,
         rss_sample_interval: float | None = None,
         stop_grace: float = DEFAULT_STOP_GRACE_S,
+        kill_grace: float | None = None,
     ) -> None:
         if mode not in ("thread", "sidecar"):
             raise InvalidArgumentError(f"mode must be 'thread' or 'sidecar', got {mode!r}", "mode")
@@ -175,9 +190,10 @@ class DisarmableWatchdog:
         self.mode = mode
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
         self.exit_code = check_exit_code(exit_code, "exit_code")
-        grace = check_timeout(kill_grace, "kill_grace", allow_none=False)
+        kill_after = renamed_argument("kill_grace", kill_grace, "kill_after", kill_after, 2.0)
+        grace = check_timeout(kill_after, "kill_after", allow_none=False)
         assert grace is not None
-        self.kill_grace: float = grace
+        self.kill_after: float = grace
         # A floor, so that a tiny interval cannot turn the watcher into a busy loop.
         self.rss_sample_interval = check_timeout(
             rss_sample_interval, "rss_sample_interval", minimum=0.01
@@ -217,10 +233,27 @@ class DisarmableWatchdog:
             armed=lambda: self._armed,
             may_be_taking_stop=_stopsignals.may_be_taking_stop,
         )
+        if isinstance(watches, (str, bytes)) or not isinstance(watches, Iterable):
+            raise InvalidArgumentTypeError(
+                f"watches must be an iterable of processes, got {watches!r}", "watches"
+            )
+        watches = list(watches)
+        for target in watches:
+            _check_target(target, "watches")
         for target in watches:
             self.watch(target)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def kill_grace(self) -> float:
+        """Deprecated name of :attr:`kill_after`."""
+        warnings.warn(
+            "DisarmableWatchdog.kill_grace is deprecated: read kill_after",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.kill_after
+
     @property
     def armed(self) -> bool:
         return self._armed
@@ -267,14 +300,7 @@ class DisarmableWatchdog:
         returns early hangs its clients), ``"warn"`` or ``"ignore"`` (finishing is normal).
         Watching the same process twice returns the existing watch."""
         rule = self.on_clean_exit if on_clean_exit is None else check_on_clean_exit(on_clean_exit)
-        if isinstance(target, int):
-            check_pid(target, "target")
-        elif not isinstance(target, (ProcessWatch, BaseProcess, subprocess.Popen)):
-            raise InvalidArgumentTypeError(
-                "target must be a multiprocessing.Process, a subprocess.Popen, a "
-                f"ProcessWatch or a pid (int), got {target!r} ({type(target).__name__})",
-                "target",
-            )
+        _check_target(target, "target")
         if name is not None and not isinstance(name, str):
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         with self._lock:
@@ -334,7 +360,7 @@ class DisarmableWatchdog:
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
             if self.mode == "sidecar" and not self._interactive:
                 link = SidecarLink(
-                    name=self.name, kill_grace=self.kill_grace, stop_grace=self.stop_grace
+                    name=self.name, kill_after=self.kill_after, stop_grace=self.stop_grace
                 )
                 self._sidecar = link
                 for record in self._records.values():
@@ -485,7 +511,7 @@ class DisarmableWatchdog:
                 owner_exiting=True,
             )
             if decision.verdict is Verdict.FIRE:
-                link.wait_for_action(self.kill_grace + 5.0)
+                link.wait_for_action(self.kill_after + 5.0)
                 return
         if self._fired is not None:
             self._actions_done.wait(5.0)  # the watcher thread may be running them right now

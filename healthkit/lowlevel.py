@@ -1,14 +1,26 @@
 """The plumbing under the primitives, for integrations and for users who build their own.
 
 Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
-stack-dump opt-in, the one validator of timeouts and bounds (integrations use it too),
-environment-variable readers, ``/proc`` readers, and the log flush to call before ``os._exit``.
+stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
+use them too, so their errors are the core's), environment-variable readers, ``/proc``
+readers, and the log flush to call before ``os._exit``.
 """
 
 from healthkit._actions import flush_logging
-from healthkit._bounds import EnvValueWarning, env_seconds, read_env_seconds
+from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
-from healthkit._errors import MAX_TIMEOUT_S, check_bound, check_timeout
+from healthkit._errors import (
+    MAX_TIMEOUT_S,
+    check_bool,
+    check_bound,
+    check_callable,
+    check_choice,
+    check_exit_code,
+    check_int,
+    check_seconds,
+    check_timeout,
+    renamed_argument,
+)
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
@@ -16,6 +28,7 @@ from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, n
 
 __all__ = [
     "Decision",
+    "ENV_SECONDS_MIN",
     "EnvValueWarning",
     "MAX_TIMEOUT_S",
     "OnCleanExit",
@@ -23,7 +36,13 @@ __all__ = [
     "STOP_SIGNALS",
     "StopEpisode",
     "Verdict",
+    "check_bool",
     "check_bound",
+    "check_callable",
+    "check_choice",
+    "check_exit_code",
+    "check_int",
+    "check_seconds",
     "check_timeout",
     "children",
     "current_episode",
@@ -37,6 +56,7 @@ __all__ = [
     "note_stop",
     "read_env_seconds",
     "read_proc_stat",
+    "renamed_argument",
     "set_thread_name",
     "stop_like",
 ]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,6 @@ from healthkit import (
     InterpreterShutdownError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    InvalidEnvValueError,
-    InvalidExitCodeError,
-    InvalidTimeoutError,
     NoSuchProcessError,
     ProcessWatch,
     WatchSet,
@@ -77,7 +75,7 @@ BAD_TIMEOUTS = [math.nan, math.inf, -math.inf, -1.0, THIRTY_DAYS, 2.2e6, 10**400
 # ----------------------------------------------------------------------------- timeouts
 @pytest.mark.parametrize("value", BAD_TIMEOUTS, ids=repr)
 def test_process_watch_wait_rejects(watch: ProcessWatch, value: Any) -> None:
-    err = _raises(lambda: watch.wait(value), InvalidTimeoutError, "timeout")
+    err = _raises(lambda: watch.wait(value), InvalidArgumentError, "timeout")
     assert isinstance(err, InvalidArgumentError) and err.argument == "timeout"
     assert watch.poll() is None  # still usable
 
@@ -85,7 +83,7 @@ def test_process_watch_wait_rejects(watch: ProcessWatch, value: Any) -> None:
 @pytest.mark.parametrize("value", BAD_TIMEOUTS, ids=repr)
 def test_watch_set_wait_rejects(watch: ProcessWatch, value: Any) -> None:
     with WatchSet([watch]) as ws:
-        _raises(lambda: ws.wait(value), InvalidTimeoutError, "timeout")
+        _raises(lambda: ws.wait(value), InvalidArgumentError, "timeout")
 
 
 def test_the_longest_accepted_wait_does_not_overflow(
@@ -106,18 +104,18 @@ def test_the_longest_accepted_wait_does_not_overflow(
         ({"rss_sample_interval": 0}, ["rss_sample_interval", ">= 0.01"]),
         ({"rss_sample_interval": math.nan}, ["rss_sample_interval"]),
         ({"rss_sample_interval": "5"}, ["rss_sample_interval"]),
-        ({"kill_grace": math.inf}, ["kill_grace"]),
-        ({"kill_grace": THIRTY_DAYS}, ["kill_grace"]),
-        ({"kill_grace": None}, ["kill_grace"]),
+        ({"kill_after": math.inf}, ["kill_after"]),
+        ({"kill_after": THIRTY_DAYS}, ["kill_after"]),
+        ({"kill_after": None}, ["kill_after"]),
     ],
 )
 def test_watchdog_rejects_bad_intervals(kwargs: dict[str, Any], names: list[str]) -> None:
-    _raises(lambda: DisarmableWatchdog(**kwargs), InvalidTimeoutError, *names)
+    _raises(lambda: DisarmableWatchdog(**kwargs), InvalidArgumentError, *names)
 
 
 def test_watchdog_disarm_rejects_a_bad_timeout() -> None:
     wd = DisarmableWatchdog()
-    _raises(lambda: wd.disarm(THIRTY_DAYS), InvalidTimeoutError, "timeout")
+    _raises(lambda: wd.disarm(THIRTY_DAYS), InvalidArgumentError, "timeout")
 
 
 def test_a_slow_rss_interval_still_fires(child: subprocess.Popen[bytes]) -> None:
@@ -149,7 +147,7 @@ def test_a_slow_rss_interval_still_fires(child: subprocess.Popen[bytes]) -> None
     ],
 )
 def test_barrier_rejects_bad_bounds(timeout: Any, names: list[str]) -> None:
-    _raises(lambda: BoundedBarrier(1, timeout=timeout), InvalidTimeoutError, *names)
+    _raises(lambda: BoundedBarrier(1, timeout=timeout), InvalidArgumentError, *names)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +156,7 @@ def test_barrier_rejects_bad_bounds(timeout: Any, names: list[str]) -> None:
         ({"parties": "2"}, InvalidArgumentTypeError),
         ({"parties": -1}, InvalidArgumentError),
         ({"parties": 10**9}, InvalidArgumentError),
-        ({"parties": 1, "abort_grace": math.inf}, InvalidTimeoutError),
+        ({"parties": 1, "abort_grace": math.inf}, InvalidArgumentError),
     ],
 )
 def test_barrier_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
@@ -170,10 +168,10 @@ def test_barrier_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Excep
 @pytest.mark.parametrize("default", [-5, 0, math.nan, math.inf, THIRTY_DAYS, "5", None])
 def test_env_defaults_are_validated(default: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    _raises(lambda: healthkit.lowlevel.env_seconds(ENV, default), InvalidTimeoutError, ENV)
+    _raises(lambda: healthkit.lowlevel.env_seconds(ENV, default), InvalidArgumentError, ENV)
     _raises(
         lambda: healthkit.lowlevel.read_env_seconds(ENV, default, multiplier=3),
-        InvalidTimeoutError,
+        InvalidArgumentError,
         ENV,
     )
 
@@ -181,7 +179,7 @@ def test_env_defaults_are_validated(default: Any, monkeypatch: pytest.MonkeyPatc
 def test_env_default_times_multiplier_must_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
     _raises(
-        lambda: healthkit.lowlevel.env_seconds(ENV, 1e6, multiplier=3.0), InvalidTimeoutError, ENV
+        lambda: healthkit.lowlevel.env_seconds(ENV, 1e6, multiplier=3.0), InvalidArgumentError, ENV
     )
 
 
@@ -195,31 +193,47 @@ def test_env_multiplier_is_validated(multiplier: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", ["abc", "nan", "inf", "-inf", "-1", "0", "1e300", "2.2e6", "0x10", "5 s", "\udcff"]
-)
+    "raw",
+    ["abc", "nan", "inf", "-inf", "-1", "0", "1e300", "2.2e6", "0x10", "5 s", "\udcff",
+     "1e-320", "0.0001", "1e3", "1_0", "\u0661\u0660", "+5", "5.0.1", "."],
+)  # fmt: skip
 def test_garbage_env_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, raw)
     with pytest.warns(EnvValueWarning, match=ENV):
         assert healthkit.lowlevel.env_seconds(ENV, 7) == 7.0
     err = _raises(
-        lambda: healthkit.lowlevel.env_seconds(ENV, 7, strict=True), InvalidEnvValueError, ENV
+        lambda: healthkit.lowlevel.env_seconds(ENV, 7, strict=True), InvalidArgumentError, ENV
     )
     assert isinstance(err, InvalidArgumentError) and err.argument == ENV
 
 
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("30", 30.0), ("2.5", 2.5), (".5", 0.5), ("7.", 7.0), (" 9 ", 9.0),
+                         ("0.001", 0.001), ("2147483", 2147483.0)]
+)  # fmt: skip
+def test_plain_decimal_env_values_are_read(
+    raw: str, seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forms docs/security.md names, down to ENV_SECONDS_MIN: read silently."""
+    monkeypatch.setenv(ENV, raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert healthkit.lowlevel.read_env_seconds(ENV, 7, strict=True) == (seconds, True)
+
+
 def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> None:
     """The review's barrier bound: 1e6 s x 3 overflowed in parent and worker."""
-    monkeypatch.setenv(ENV, "1e6")
+    monkeypatch.setenv(ENV, "1000000")
     with pytest.warns(EnvValueWarning, match="more than the OS can wait"):
         got = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
     assert got == (10.0, False)
     _raises(
         lambda: healthkit.lowlevel.env_seconds(ENV, 10, strict=True, multiplier=3.0),
-        InvalidEnvValueError,
+        InvalidArgumentError,
         ENV,
         "too long",
     )
-    monkeypatch.setenv(ENV, "1e5")  # the twin: fits, used as given
+    monkeypatch.setenv(ENV, "100000")  # the twin: fits, used as given
     value, from_env = healthkit.lowlevel.read_env_seconds(ENV, 10, multiplier=3.0)
     assert (value, from_env) == (1e5, True)
     barrier = BoundedBarrier(1, timeout=3 * value)
@@ -229,9 +243,9 @@ def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> 
 # ----------------------------------------------------------------------------- exit codes
 @pytest.mark.parametrize("code", [0, 256, -1, 1000, "1", 1.5, True, None])
 def test_exit_codes_outside_1_to_255_are_rejected(code: Any) -> None:
-    _raises(lambda: DisarmableWatchdog(exit_code=code), InvalidExitCodeError, "exit_code")
-    _raises(lambda: healthkit.actions.exit_process(code), InvalidExitCodeError, "1..255")
-    _raises(lambda: healthkit.actions.default_actions(code), InvalidExitCodeError, "1..255")
+    _raises(lambda: DisarmableWatchdog(exit_code=code), InvalidArgumentError, "exit_code")
+    _raises(lambda: healthkit.actions.exit_process(code), InvalidArgumentError, "1..255")
+    _raises(lambda: healthkit.actions.default_actions(code), InvalidArgumentError, "1..255")
 
 
 def test_exit_code_255_is_what_the_launcher_sees() -> None:
@@ -250,7 +264,9 @@ def test_exit_code_255_is_what_the_launcher_sees() -> None:
 # ----------------------------------------------------------------------------- pids, targets
 @pytest.mark.parametrize("target", ["abc", None, 1.5, b"1", object()], ids=repr)
 def test_watchdog_rejects_what_it_cannot_watch(target: Any) -> None:
-    err = _raises(lambda: DisarmableWatchdog([target]), InvalidArgumentTypeError, "target")
+    err = _raises(lambda: DisarmableWatchdog([target]), InvalidArgumentTypeError, "watches")
+    assert isinstance(err, TypeError)
+    err = _raises(lambda: DisarmableWatchdog().watch(target), InvalidArgumentTypeError, "target")
     assert isinstance(err, TypeError)
 
 
@@ -307,7 +323,7 @@ def test_stack_dump_arguments_are_validated(tmp_path: Path) -> None:
     )
     _raises(
         lambda: healthkit.lowlevel.dump_stacks(str(tmp_path), [1], timeout=math.nan),
-        InvalidTimeoutError,
+        InvalidArgumentError,
         "timeout",
     )
     _raises(
@@ -317,7 +333,7 @@ def test_stack_dump_arguments_are_validated(tmp_path: Path) -> None:
     )
     _raises(lambda: healthkit.dump_helper_stacks("123"), InvalidArgumentTypeError, "pids")
     _raises(lambda: healthkit.dump_helper_stacks([0]), NoSuchProcessError, "pids")
-    _raises(lambda: healthkit.dump_helper_stacks([1], timeout=-1), InvalidTimeoutError,
+    _raises(lambda: healthkit.dump_helper_stacks([1], timeout=-1), InvalidArgumentError,
             "timeout")
 
 

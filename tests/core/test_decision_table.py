@@ -229,7 +229,7 @@ def _end_strays(stdout: str) -> None:
     for line in stdout.splitlines():
         if line.startswith("READY"):
             pids = [int(x) for x in line.split()[1:] if x != "0"]
-            hk.stop(pids, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
+            hk.stop(pids, request=lambda: None, grace=10, kill_after=0, kill_timeout=10)
 
 
 @pytest.mark.timeout(180)

@@ -32,7 +32,7 @@ from healthkit import (
     Cause,
     ExitDiagnoser,
     ExitStatus,
-    InvalidTimeoutError,
+    InvalidArgumentError,
     NoSuchProcessError,
     ProcessNotStartedError,
     ProcessWatch,
@@ -630,7 +630,7 @@ def test_a_closed_watch_raises_watch_closed_but_keeps_its_status() -> None:
 @pytest.mark.parametrize("timeout", [-1, -0.001, float("nan"), float("inf"), "x", True])
 def test_wait_rejects_a_bad_timeout(timeout: object) -> None:
     with started("popen", "sleep") as s:
-        with pytest.raises(InvalidTimeoutError) as info:
+        with pytest.raises(InvalidArgumentError) as info:
             s.watch.wait(timeout)  # type: ignore[arg-type]
         assert isinstance(info.value, ValueError)
 

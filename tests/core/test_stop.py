@@ -58,7 +58,7 @@ def test_the_ladder_escalates_to_sigkill_logs_each_step_and_stays_bounded(
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="healthkit"):
         report = stop(
-            [stubborn, polite], request=lambda: None, grace=0.2, term_timeout=1.0,
+            [stubborn, polite], request=lambda: None, grace=0.2, kill_after=1.0,
             kill_timeout=5.0, name="sampling workers",
         )  # fmt: skip
     elapsed = time.monotonic() - t0
@@ -75,14 +75,14 @@ def test_the_ladder_escalates_to_sigkill_logs_each_step_and_stays_bounded(
 
 @pytest.mark.timeout(30)
 def test_bad_bounds_are_rejected_and_gone_or_unstarted_targets_are_skipped() -> None:
-    with pytest.raises(hk.InvalidTimeoutError):
+    with pytest.raises(hk.InvalidArgumentError):
         stop([], grace=-1)
-    with pytest.raises(hk.InvalidTimeoutError):
+    with pytest.raises(hk.InvalidArgumentError):
         stop([], kill_timeout=float("nan"))
     never_started = mp.get_context("fork").Process(target=time.sleep, args=(1,))
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
-    report = stop([never_started, done], term_timeout=1)
+    report = stop([never_started, done], kill_after=1)
     assert not report.escalated
 
 
@@ -92,7 +92,7 @@ def test_without_a_request_sigterm_comes_first_and_is_not_a_warning(
 ) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     with caplog.at_level(logging.WARNING, logger="healthkit"):
-        report = stop([sleeper], term_timeout=10)
+        report = stop([sleeper], kill_after=10)
     assert report.terminated == (sleeper.pid,) and not report.killed
     assert sleeper.returncode == -signal.SIGTERM
     assert report.seconds < 10
@@ -100,8 +100,8 @@ def test_without_a_request_sigterm_comes_first_and_is_not_a_warning(
 
 
 @pytest.mark.timeout(30)
-def test_a_term_timeout_of_0_goes_straight_to_sigkill() -> None:
+def test_a_kill_after_of_0_goes_straight_to_sigkill() -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    report = stop([sleeper], term_timeout=0)
+    report = stop([sleeper], kill_after=0)
     assert report.killed == (sleeper.pid,) and not report.terminated
     assert sleeper.returncode == -signal.SIGKILL

@@ -350,8 +350,8 @@ def test_bad_arguments_are_rejected_with_clear_errors() -> None:
         hk.DisarmableWatchdog().watch(os.getpid(), on_clean_exit="never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sidecar"):
         hk.DisarmableWatchdog(mode="sidecar", actions=[print])  # type: ignore[arg-type]
-    with pytest.raises(hk.InvalidTimeoutError):
-        hk.DisarmableWatchdog(kill_grace=-1)
+    with pytest.raises(hk.InvalidArgumentError):
+        hk.DisarmableWatchdog(kill_after=-1)
     with pytest.raises(hk.ProcessNotStartedError):
         hk.DisarmableWatchdog([mp.get_context("fork").Process(target=serve_forever)])
 
@@ -458,7 +458,7 @@ def _ready_pids(stdout: str) -> list[int]:
 def _reap_strays(pids: list[int]) -> list[int]:
     """Kill what the owner left behind after 5 s (healthkit.stop: by pidfd, never a recycled
     pid; the owner's helpers are not our children); return the pids that had to be killed."""
-    report = hk.stop(pids, request=lambda: None, grace=5, term_timeout=0, kill_timeout=10)
+    report = hk.stop(pids, request=lambda: None, grace=5, kill_after=0, kill_timeout=10)
     return [*report.terminated, *report.killed, *report.survivors]
 
 

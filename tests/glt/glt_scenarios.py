@@ -215,7 +215,7 @@ def scenario_hk_shutdown_mid_epoch(stop_timeout: float = 0.5) -> None:
     the loader still referenced."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     fx.init_single_process_context()
-    loader = _hk_loader(fx.build_dataset(), stop_timeout=stop_timeout, kill_timeout=5.0)
+    loader = _hk_loader(fx.build_dataset(), stop_timeout=stop_timeout, kill_after=5.0)
     workers = loader.producer.workers
     it = iter(loader)
     held = fx.clone_batch(next(it))  # a clone: no view into the ring outlives the shutdown

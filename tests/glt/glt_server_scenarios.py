@@ -409,15 +409,15 @@ class Job:
 
         workers = list(orphans) + procs.spawned_worker_pids(self.server_pid)
         term = 5.0 if graceful else 0.0
-        stop(list(self.clients.values()), term_timeout=term, kill_timeout=5.0, name="clients")
+        stop(list(self.clients.values()), kill_after=term, kill_timeout=5.0, name="clients")
 
         def sigterm() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.server_pid, signal.SIGTERM)
 
         stop([self.server], request=sigterm if graceful else None, grace=30.0 if graceful
-             else 0.0, term_timeout=term, kill_timeout=5.0, name="server")  # fmt: skip
-        stop([p for p in workers if procs.alive(p)], term_timeout=0, kill_timeout=5.0,
+             else 0.0, kill_after=term, kill_timeout=5.0, name="server")  # fmt: skip
+        stop([p for p in workers if procs.alive(p)], kill_after=0, kill_timeout=5.0,
              name="server workers")  # fmt: skip
         # A stock server that was SIGKILLed leaves its rings in the kernel for good; the
         # runner cannot see them (the server is gone from the group by then): remove them.

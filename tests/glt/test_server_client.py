@@ -174,7 +174,7 @@ def test_connection_timeout_comes_from_the_argument_then_the_environment(
     monkeypatch.setenv(hg.CONNECTION_TIMEOUT_ENV, "30")
     assert _lease.connection_timeout(None) == 30.0
     assert _lease.connection_timeout(6) == 6.0
-    with pytest.raises(hk.InvalidTimeoutError, match="connection_timeout"):
+    with pytest.raises(hk.InvalidArgumentError, match="connection_timeout"):
         _lease.connection_timeout(-1)
     monkeypatch.setenv(hg.CONNECTION_TIMEOUT_ENV, "abc")
     with pytest.warns(EnvValueWarning, match=hg.CONNECTION_TIMEOUT_ENV):

@@ -48,7 +48,7 @@ def test_a_bad_local_rank_in_the_environment_is_rejected_naming_it(
     monkeypatch: pytest.MonkeyPatch, raw: str
 ) -> None:
     monkeypatch.setenv("LOCAL_RANK", raw)
-    with pytest.raises(hk.InvalidEnvValueError, match=rf"LOCAL_RANK={raw!r} is not an integer"):
+    with pytest.raises(hk.InvalidArgumentError, match=rf"LOCAL_RANK={raw!r} is not an integer"):
         hkgl.launch_sampler_server(GRAPH, CLUSTER, 0)
 
 
@@ -56,7 +56,7 @@ def test_a_bad_ready_timeout_in_the_environment_is_rejected_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HEALTHKIT_GL_READY_TIMEOUT", "ten")
-    with pytest.raises(hk.InvalidEnvValueError, match="HEALTHKIT_GL_READY_TIMEOUT='ten'"):
+    with pytest.raises(hk.InvalidArgumentError, match="HEALTHKIT_GL_READY_TIMEOUT='ten'"):
         hkgl.launch_sampler_server(GRAPH, CLUSTER, 0, local_rank=1)
 
 
@@ -69,22 +69,27 @@ def test_a_bad_ready_timeout_in_the_environment_is_rejected_naming_it(
         ({"cluster": {"server": "h:1"}}, ValueError, "client_count"),
         ({"cluster": {"server": "h:1", "client_count": 0}}, ValueError, "client_count"),
         ({"task_index": 2}, ValueError, "task_index=2 but cluster.*2 server"),
-        ({"task_index": -1}, ValueError, "task_index must be >= 0"),
+        ({"task_index": -1}, ValueError, "task_index must be an int >= 0"),
         ({"task_index": True}, TypeError, "task_index must be an int"),
-        ({"local_rank": -1}, ValueError, "local_rank must be >= 0"),
-        ({"mode": "process"}, ValueError, "mode must be 'sidecar' or 'thread'"),
+        ({"local_rank": -1}, ValueError, "local_rank must be an int >= 0"),
+        ({"mode": "process"}, ValueError, "mode must be one of 'sidecar', 'thread'"),
         ({"wait": "no"}, TypeError, "wait must be True or False"),
         ({"on_clean_exit": "raise"}, ValueError, "on_clean_exit must be"),
-        ({"ready_timeout": 0}, ValueError, "ready_timeout must be a positive"),
-        ({"ready_timeout": float("nan")}, ValueError, "ready_timeout must be a positive"),
+        ({"ready_timeout": 0}, ValueError, "ready_timeout must be > 0 seconds"),
+        ({"ready_timeout": float("nan")}, ValueError, "ready_timeout must be a finite number"),
+        ({"arm": 1}, TypeError, "arm must be True or False"),
+        ({"exit_code": 256}, ValueError, "exit_code must be in 1..255"),
+        ({"actions": []}, ValueError, "actions= runs in this process, so it needs mode='thread'"),
+        ({"mode": "thread", "actions": [5]}, TypeError, "actions must be callable"),
     ],
 )
 def test_bad_arguments_are_rejected_before_anything_starts(
     kwargs: dict[str, Any], error: type[Exception], match: str
 ) -> None:
     args: dict[str, Any] = {"cluster": CLUSTER, "task_index": 0, "local_rank": 1, **kwargs}
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         hkgl.launch_sampler_server(GRAPH, args.pop("cluster"), args.pop("task_index"), **args)
+    assert isinstance(info.value, hk.InvalidArgumentError)
 
 
 def test_launching_off_the_main_thread_is_refused() -> None:
@@ -117,9 +122,9 @@ def test_errors_subclass_the_builtins_callers_already_catch() -> None:
 
 def test_shortened_retries_are_validated_and_their_worst_case_is_known() -> None:
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError, match="retry_times must be an int >= 1"):
+        with pytest.raises(ValueError, match="retry_times must be an int"):
             hkgl.shorten_client_retries(bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="timeout must be None or an int"):
+    with pytest.raises(ValueError, match=r"timeout must be an int in 1\.\."):
         hkgl.shorten_client_retries(2, timeout=0)
     # GL sleeps 2^k s between attempts k = 1..R-1; each attempt may take `timeout` s.
     assert hkgl.ClientRetryBudget(10, None).dead_server_block_s == 1022  # GL's default

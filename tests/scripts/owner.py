@@ -149,7 +149,7 @@ def main() -> None:
         # Only reached when nothing fired: the tree must be untouched.
         alive = [p for p in (child.pid, pid_out.value) if os.path.exists(f"/proc/{p}")]
         print("TREE ALIVE" if len(alive) == 2 else f"TREE BROKEN {alive}", flush=True)
-        hk.stop([child, pid_out.value], term_timeout=5)
+        hk.stop([child, pid_out.value], kill_after=5)
         return
     if args.scenario == "helper-dies-during-thread-join":
         # main() returns at once; a non-daemon thread still runs, and the helper dies while
@@ -178,7 +178,7 @@ def main() -> None:
     if args.scenario == "stop-with-healthkit":
         # A helper that ignores SIGTERM, ended by healthkit.stop(): SIGTERM, then SIGKILL.
         os.kill(helpers[0].pid, signal.SIGSTOP)  # stopped: it cannot even run a handler
-        hk.stop([helpers[0]], term_timeout=0.3, kill_timeout=5)
+        hk.stop([helpers[0]], kill_after=0.3, kill_timeout=5)
         survive(1.0)
         return
     if args.scenario == "clean-exit":

@@ -200,7 +200,7 @@ class _Run:
 def _end(pids: Iterable[int]) -> list[int]:
     """Let what a run left behind end by itself for 10 s, then kill it with the product's own
     ladder (by pidfd, never a recycled pid); return the pids that had to be killed."""
-    report = hk.stop(pids, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
+    report = hk.stop(pids, request=lambda: None, grace=10, kill_after=0, kill_timeout=10)
     return [*report.terminated, *report.killed, *report.survivors]
 
 

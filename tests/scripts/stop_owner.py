@@ -119,7 +119,7 @@ def main() -> None:
             print("HANDLED", flush=True)
             return
         if args.owner == "handler-stops-helper":
-            hk.stop(state["helpers"][:1], term_timeout=0.3, kill_timeout=5)
+            hk.stop(state["helpers"][:1], kill_after=0.3, kill_timeout=5)
         cleanup(args.cleanup)
         sys.exit(0)
 

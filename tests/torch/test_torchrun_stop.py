@@ -51,7 +51,7 @@ def run_and_stop(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # our own session: torchrun and its ranks
             proc.wait()
-        hk.stop(helpers, request=lambda: None, grace=10, term_timeout=0, kill_timeout=10)
+        hk.stop(helpers, request=lambda: None, grace=10, kill_after=0, kill_timeout=10)
         text = out.rest()
         proc.stdout.close()
     return proc.returncode, text, helpers

@@ -84,3 +84,13 @@ __all__ = [
     "teardown_sampling_worker",
     "wait_and_shutdown_server",
 ]
+
+# Each exported object reports the module users import (healthkit_glt.SamplingWorkerDiedError,
+# not healthkit_glt._producer.SamplingWorkerDiedError): in reprs, tracebacks and pickles. The
+# core's names re-exported here keep their own module (healthkit).
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or hasattr(_obj, "__code__"):
+        if getattr(_obj, "__module__", "").startswith("healthkit_glt._"):
+            _obj.__module__ = __name__
+del _name, _obj

@@ -10,7 +10,7 @@ one request.
 
 A bad environment value (``abc``, ``-1``, ``nan``, ``0``) never becomes a hang or a zero
 timeout: it is replaced by the default with an :class:`healthkit.lowlevel.EnvValueWarning`
-that names the variable (or rejected with :class:`healthkit.InvalidEnvValueError` in strict
+that names the variable (or rejected with :class:`healthkit.InvalidArgumentError` in strict
 mode).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import attrs
 
-from healthkit.lowlevel import check_bound, env_seconds, read_env_seconds
+from healthkit.lowlevel import check_bool, check_bound, env_seconds, read_env_seconds
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
@@ -93,6 +93,7 @@ def resolve_timeouts(
     steady-state timeout is ``options_rpc_timeout`` (``worker_options.rpc_timeout``), so a
     GLT user's existing request timeout keeps its meaning in steady state.
     """
+    check_bool(strict_env, "strict_env")
     k = _positive(init_timeout_multiplier, "init_timeout_multiplier")
     if rpc_init_timeout is not None:
         init_s = _positive(rpc_init_timeout, "rpc_init_timeout")

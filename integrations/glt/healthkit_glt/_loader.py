@@ -36,14 +36,18 @@ from graphlearn_torch.sampler import (
 from graphlearn_torch.typing import Split
 from graphlearn_torch.utils import get_available_device
 
-from healthkit import WatchSet
+from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
+from healthkit.lowlevel import check_bound
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
-from healthkit_glt._producer import DistSamplingProducer
+from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
 from healthkit_glt._remote_errors import RemoteSamplingError, ServerFailure, ServerHello
 from healthkit_glt._server import serve_create, serve_hello, serve_start_epoch
 
 __all__ = ["DistNeighborLoader"]
+
+#: The loader's own keyword arguments in server-client mode (not the producers').
+_CLIENT_ARGUMENTS = ("connection_timeout", "fetch_wait")
 
 logger = logging.getLogger("healthkit.glt")
 
@@ -94,6 +98,22 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         # First: GLT 0.2.4 sets this flag last, so a failing __init__ made __del__ raise.
         self._shutdowned = True
         self._remote = isinstance(worker_options, RemoteDistSamplingWorkerOptions)
+        # Checked here, before any worker or server is asked: a bad producer argument in
+        # server-client mode would otherwise fail on the server, a bad fetch_wait later.
+        client_own = {k: v for k, v in producer_kwargs.items() if k in _CLIENT_ARGUMENTS}
+        for name, value in client_own.items():
+            if not self._remote:
+                raise InvalidArgumentTypeError(
+                    f"{name}= is for server-client mode (RemoteDistSamplingWorkerOptions) "
+                    "only; drop it",
+                    name,
+                )
+            if value is not None:
+                check_bound(value, name)
+        check_producer_kwargs(
+            {k: v for k, v in producer_kwargs.items() if k not in client_own},
+            DistSamplingProducer if self._remote else producer_cls,
+        )
         self._healthkit = self._remote or isinstance(worker_options, MpDistSamplingWorkerOptions)
         if self._remote:
             hellos, stock = _probe_servers(worker_options)
@@ -109,11 +129,13 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
                 return
             # Servers started with GLT's own init_server: served as stock GLT serves them.
             producer_kwargs = {k: v for k, v in producer_kwargs.items()
-                               if k not in ("connection_timeout", "fetch_wait")}  # fmt: skip
+                               if k not in _CLIENT_ARGUMENTS}  # fmt: skip
             if producer_kwargs:
-                raise TypeError(
+                raise InvalidArgumentTypeError(
                     f"producer arguments {sorted(producer_kwargs)} need servers started with "
-                    f"healthkit_glt.init_server; server rank(s) {stock} run GLT's own"
+                    f"healthkit_glt.init_server; server rank(s) {stock} run GLT's own: start "
+                    "them with healthkit_glt.init_server, or drop these arguments",
+                    "producer_kwargs",
                 )
             logger.warning(
                 "sampling server rank(s) %s run GLT's own DistServer: this loader is served "
@@ -123,9 +145,11 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
             self._remote = self._healthkit = False
         if not self._healthkit:
             if producer_kwargs:
-                raise TypeError(
-                    f"producer arguments {sorted(producer_kwargs)} need "
-                    "MpDistSamplingWorkerOptions (multiprocessing sampling)"
+                raise InvalidArgumentTypeError(
+                    f"producer arguments {sorted(producer_kwargs)} need worker_options="
+                    "MpDistSamplingWorkerOptions (multiprocessing sampling) or "
+                    "RemoteDistSamplingWorkerOptions; drop them, or change worker_options",
+                    "producer_kwargs",
                 )
             super().__init__(
                 data, num_neighbors, input_nodes, batch_size, shuffle, drop_last, with_edge,
@@ -171,9 +195,10 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._is_mp_worker = True
         self._is_remote_worker = False
         if data is None:
-            raise ValueError(
-                f"'{type(self).__name__}': missing input dataset when launching "
-                "multiprocessing sampling workers."
+            raise InvalidArgumentError(
+                f"'{type(self).__name__}': data is None; multiprocessing sampling workers "
+                "need the dataset (pass data=)",
+                "data",
             )
         self.num_data_partitions = data.num_partitions
         self.data_partition_idx = data.partition_idx
@@ -259,7 +284,11 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._server_rank_list = list(servers) if isinstance(servers, list) else [servers]
         inputs = _remote_inputs(input_nodes, len(self._server_rank_list))
         if len(inputs) != len(self._server_rank_list):
-            raise ValueError(f"{len(inputs)} inputs for {len(self._server_rank_list)} servers")
+            raise InvalidArgumentError(
+                f"input_nodes gives {len(inputs)} paths for {len(self._server_rank_list)} "
+                "servers (worker_options.server_rank): give one path per server",
+                "input_nodes",
+            )
         self.input_data = inputs if len(inputs) > 1 else inputs[0]
         self._input_type = inputs[0].input_type
         try:
@@ -417,9 +446,11 @@ def _remote_inputs(input_nodes: Any, num_servers: int) -> list[Any]:
         return [RemoteNodePathSamplerInput(node_path=p, input_type=input_type) for p in seeds]
     if isinstance(seeds, str):
         return [RemoteNodePathSamplerInput(node_path=seeds, input_type=input_type)]
-    raise ValueError(
-        "server-client mode takes the seeds as a graphlearn_torch.typing.Split or as the "
-        f"path (or a list of paths, one per server) of a saved tensor; got {type(seeds).__name__}"
+    raise InvalidArgumentTypeError(
+        "input_nodes: server-client mode takes the seeds as a graphlearn_torch.typing.Split "
+        "or as the path (or a list of paths, one per server) of a saved tensor; got "
+        f"{type(seeds).__name__}",
+        "input_nodes",
     )
 
 

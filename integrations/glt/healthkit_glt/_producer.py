@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -41,7 +42,9 @@ import queue
 import shutil
 import tempfile
 import time
+import warnings
 import weakref
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -56,9 +59,19 @@ from healthkit import (
     Diagnosis,
     ExitDiagnoser,
     HealthkitError,
+    InvalidArgumentTypeError,
     ProcessDiedError,
     ProcessWatch,
     stop,
+)
+from healthkit.lowlevel import (
+    MAX_TIMEOUT_S,
+    check_bool,
+    check_bound,
+    check_callable,
+    check_int,
+    check_seconds,
+    renamed_argument,
 )
 from healthkit_glt._compat import RingSegment
 from healthkit_glt._config import (
@@ -150,6 +163,77 @@ def _register_atexit_once() -> None:
         atexit.register(_shutdown_live_producers)
 
 
+def _check_arguments(
+    *,
+    sampler_factory: object = create_dist_sampler,
+    worker_loop: object = default_worker_loop,
+    rpc_init_timeout: object = None,
+    steady_state_rpc_timeout: object = None,
+    init_timeout_multiplier: object = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
+    stop_timeout: object = 10.0,
+    kill_after: object = 5.0,
+    init_failure_grace: object = 2.0,
+    receiver: object = "auto",
+    recv_poll_ms: object = 500,
+    worker_extra: object = None,
+    strict_env: object = False,
+    kill_timeout: object = None,
+) -> tuple[float, float, float]:
+    """The producer's own keyword arguments, checked (the shutdown bounds returned)."""
+    if kill_timeout is not None:
+        kill_after = check_seconds(kill_timeout, "kill_timeout")
+    stop_s = check_seconds(stop_timeout, "stop_timeout")
+    kill_s = check_seconds(kill_after, "kill_after")
+    init_failure_s = check_seconds(init_failure_grace, "init_failure_grace")
+    check_callable(sampler_factory, "sampler_factory")
+    check_callable(worker_loop, "worker_loop")
+    for what, value in (
+        ("rpc_init_timeout", rpc_init_timeout),
+        ("steady_state_rpc_timeout", steady_state_rpc_timeout),
+    ):
+        if value is not None:
+            check_bound(value, what)  # type: ignore[arg-type]
+    check_bound(init_timeout_multiplier, "init_timeout_multiplier")  # type: ignore[arg-type]
+    check_receiver_mode(receiver)  # type: ignore[arg-type]
+    check_int(recv_poll_ms, "recv_poll_ms", minimum=1, maximum=MAX_TIMEOUT_S * 1000)
+    if worker_extra is not None and not isinstance(worker_extra, dict):
+        raise InvalidArgumentTypeError(
+            f"worker_extra must be a dict or None, got {worker_extra!r}", "worker_extra"
+        )
+    check_bool(strict_env, "strict_env")
+    return stop_s, kill_s, init_failure_s
+
+
+def check_producer_kwargs(kwargs: object, producer_cls: object = None) -> None:
+    """Refuse, where they are given, producer arguments that the producer would refuse
+    later (on a server in server-client mode, or when the loader builds it): an unknown
+    name, or a bad value of one of :class:`DistSamplingProducer`'s own arguments."""
+    cls = DistSamplingProducer if producer_cls is None else producer_cls
+    if not isinstance(cls, type):
+        raise InvalidArgumentTypeError(
+            f"producer_cls must be a class (a DistSamplingProducer subclass), got {cls!r}",
+            "producer_cls",
+        )
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgumentTypeError(
+            f"producer_kwargs must be a dict of producer arguments, got {kwargs!r}",
+            "producer_kwargs",
+        )
+    params = inspect.signature(cls).parameters.values()  # the constructor's, without self
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        known = sorted(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        for name in kwargs:
+            if name not in known:
+                raise InvalidArgumentTypeError(
+                    f"{name}= is not an argument of {cls.__name__}; its keyword arguments are "
+                    f"{', '.join(known)}",
+                    str(name),
+                )
+    if issubclass(cls, DistSamplingProducer):
+        own = inspect.signature(_check_arguments).parameters
+        _check_arguments(**{k: v for k, v in kwargs.items() if k in own})
+
+
 class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
     """GLT's ``DistMpSamplingProducer`` with bounded init, fail-fast steady state and a
     bounded shutdown; the sampler factory and the worker loop are pluggable (GiGL's hook).
@@ -165,8 +249,10 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       ``$HEALTHKIT_GLT_STEADY_STATE_RPC_TIMEOUT_SECONDS`` or ``worker_options.rpc_timeout``).
     - ``init_timeout_multiplier``: ``k``; the init barrier's bound is ``k x rpc_init_timeout``
       (default 3, as GiGL).
-    - ``stop_timeout`` / ``kill_timeout``: shutdown's bounds: STOP then wait up to
-      ``stop_timeout``; then SIGTERM and wait up to ``kill_timeout``; then SIGKILL.
+    - ``stop_timeout`` / ``kill_after``: shutdown's bounds: STOP then wait up to
+      ``stop_timeout``; then SIGTERM and wait up to ``kill_after``; then SIGKILL (and up to
+      ``kill_after`` more for the kernel to end them). ``kill_timeout`` is the deprecated
+      name of ``kill_after``.
     - ``receiver``: how ``recv()`` waits (see :mod:`healthkit_glt._receive`): ``"auto"``
       (default) reads GLT's ShmChannel ring directly and falls back, with a warning, to a
       helper thread for other channels; ``"ring"`` requires the ring (raises
@@ -176,7 +262,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       checks for a stop while the channel is empty (not a failure timeout: a slow epoch is
       never failed for being slow).
     - ``worker_extra``: a picklable dict handed to custom worker loops as ``ctx.extra``.
-    - ``strict_env``: reject bad env values (:class:`healthkit.InvalidEnvValueError`)
+    - ``strict_env``: reject bad env values (:class:`healthkit.InvalidArgumentError`)
       instead of warning and using the default.
     """
 
@@ -194,13 +280,31 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         steady_state_rpc_timeout: float | None = None,
         init_timeout_multiplier: float = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
         stop_timeout: float = 10.0,
-        kill_timeout: float = 5.0,
+        kill_after: float = 5.0,
         init_failure_grace: float = 2.0,
         receiver: ReceiverMode = "auto",
         recv_poll_ms: int = 500,
         worker_extra: dict[str, Any] | None = None,
         strict_env: bool = False,
+        kill_timeout: float | None = None,
     ) -> None:
+        # Every argument is checked before anything starts: a bad one fails here, naming
+        # itself, not inside shutdown() or a worker.
+        kill_after = renamed_argument("kill_timeout", kill_timeout, "kill_after", kill_after, 5.0)
+        stop_s, kill_s, init_failure_s = _check_arguments(
+            sampler_factory=sampler_factory,
+            worker_loop=worker_loop,
+            rpc_init_timeout=rpc_init_timeout,
+            steady_state_rpc_timeout=steady_state_rpc_timeout,
+            init_timeout_multiplier=init_timeout_multiplier,
+            stop_timeout=stop_timeout,
+            kill_after=kill_after,
+            init_failure_grace=init_failure_grace,
+            receiver=receiver,
+            recv_poll_ms=recv_poll_ms,
+            worker_extra=worker_extra,
+            strict_env=strict_env,
+        )
         # Everything shutdown() reads exists before anything can fail, so shutdown() (and
         # a loader's __del__) is safe on a producer whose construction or init() failed.
         self._shutdown = False
@@ -231,12 +335,11 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self.sampling_completed_worker_count = self._ctx.Value("I", lock=True)
         self.sampler_factory = sampler_factory
         self.worker_loop = worker_loop
-        self.stop_timeout = float(stop_timeout)
-        self.kill_timeout = float(kill_timeout)
-        self.init_failure_grace = float(init_failure_grace)
-        check_receiver_mode(receiver)
+        self.stop_timeout = stop_s
+        self.kill_after = kill_s
+        self.init_failure_grace = init_failure_s
         self.receiver: ReceiverMode = receiver
-        self.recv_poll_ms = int(recv_poll_ms)
+        self.recv_poll_ms = recv_poll_ms
         self.worker_extra = dict(worker_extra or {})
 
     # ------------------------------------------------------------------ init
@@ -503,14 +606,18 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         """Stop every worker, in bounded time; idempotent; safe after a failed init.
 
         STOP, then one shared join of ``stop_timeout`` (default: the constructor's), then
-        SIGTERM and ``kill_timeout``, then SIGKILL and ``kill_timeout``. Watching stops
+        SIGTERM and ``kill_after``, then SIGKILL and ``kill_after``. Watching stops
         first, so a worker ending during the teardown is never reported as a failure.
         ``stop_timeout=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
         parked in ``send()`` would never read STOP).
         """
         if getattr(self, "_shutdown", True):
             return
-        grace = self.stop_timeout if stop_timeout is None else float(stop_timeout)
+        grace = (
+            self.stop_timeout
+            if stop_timeout is None
+            else check_seconds(stop_timeout, "stop_timeout")
+        )
         self._shutdown = True
         self._teardown(stop_grace=grace, send_stop=grace > 0)
 
@@ -535,8 +642,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 workers,
                 request=send_stop_commands if send_stop else None,
                 grace=stop_grace,
-                term_timeout=self.kill_timeout,
-                kill_timeout=self.kill_timeout,
+                kill_after=self.kill_after,
+                kill_timeout=self.kill_after,
                 name="sampling workers",
                 log=logger,
             )
@@ -567,6 +674,16 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self._error_dir is not None:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
+
+    @property
+    def kill_timeout(self) -> float:
+        """Deprecated name of ``kill_after``."""
+        warnings.warn(
+            "DistSamplingProducer.kill_timeout is deprecated: read kill_after",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.kill_after
 
     @property
     def workers(self) -> list[BaseProcess]:

@@ -42,7 +42,8 @@ from typing import Any, Literal, Protocol
 
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
-from healthkit import ProcessWatch, WatchSet
+from healthkit import InvalidArgumentTypeError, ProcessWatch, WatchSet
+from healthkit.lowlevel import MAX_TIMEOUT_S, check_choice, check_int
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
 from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
 from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET
@@ -190,10 +191,10 @@ class _WorkerExits:
             w.close()
 
 
-def check_receiver_mode(mode: str) -> None:
-    """ValueError naming the valid modes, for a bad ``receiver`` argument."""
-    if mode not in RECEIVER_MODES:
-        raise ValueError(f"receiver must be one of {RECEIVER_MODES}, got {mode!r}")
+def check_receiver_mode(mode: str, what: str = "receiver") -> None:
+    """An :class:`healthkit.InvalidArgumentError` naming the valid modes, for a bad
+    ``receiver`` argument."""
+    check_choice(mode, RECEIVER_MODES, what)
 
 
 _NO_REPORT = bytearray(1)  # the flag of a receiver without error reports: never set
@@ -214,7 +215,39 @@ def open_receiver(
     byte that the workers set after writing a report) carry sampling errors: the receive
     raises :class:`ErrorReported` instead of waiting for a batch that will never come.
     """
-    check_receiver_mode(mode)
+    check_receiver_mode(mode, "mode")
+    if not isinstance(channel, ChannelBase):
+        raise InvalidArgumentTypeError(
+            f"channel must be a GLT channel (graphlearn_torch.channel.ChannelBase), got "
+            f"{channel!r}",
+            "channel",
+        )
+    if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
+        raise InvalidArgumentTypeError(
+            f"workers must be a list of the producer's worker processes, got {workers!r}",
+            "workers",
+        )
+    for w in workers:
+        if not isinstance(w, BaseProcess):
+            raise InvalidArgumentTypeError(
+                f"workers must hold multiprocessing processes, got {w!r}", "workers"
+            )
+    check_int(poll_ms, "poll_ms", minimum=1, maximum=MAX_TIMEOUT_S * 1000)
+    if reports is not None and not callable(getattr(reports, "recv", None)):
+        raise InvalidArgumentTypeError(
+            f"reports must be the read end of a multiprocessing Pipe or None, got {reports!r}",
+            "reports",
+        )
+    if report_flag is not None:
+        try:
+            if len(memoryview(report_flag)) < 1:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise InvalidArgumentTypeError(
+                f"report_flag must be a shared byte (multiprocessing RawArray('b', 1)) or "
+                f"None, got {report_flag!r}",
+                "report_flag",
+            ) from None
     flag = report_flag if report_flag is not None else _NO_REPORT
     if mode != "thread":
         try:

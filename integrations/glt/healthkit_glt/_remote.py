@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from healthkit import WatchSet
+from healthkit import InvalidArgumentError, WatchSet
 from healthkit_glt._lease import Lease
 from healthkit_glt._remote_errors import (
     RemoteSamplingError,
@@ -55,8 +55,11 @@ def _rpc_name(server_rank: int) -> str:
 
     names = get_rpc_worker_names()[DistRole.SERVER]
     if not 0 <= server_rank < len(names):
-        raise ValueError(f"server_rank {server_rank} is not a server of this job "
-                         f"({len(names)} servers)")  # fmt: skip
+        raise InvalidArgumentError(
+            f"server_rank {server_rank} is not a server of this job ({len(names)} servers): "
+            f"pass worker_options.server_rank in 0..{len(names) - 1}",
+            "server_rank",
+        )
     return str(names[server_rank])
 
 

@@ -38,10 +38,16 @@ from graphlearn_torch.channel import QueueTimeoutError, ShmChannel
 from graphlearn_torch.distributed import DistServer as _GLTDistServer
 from graphlearn_torch.sampler import RemoteSamplerInput
 
-from healthkit import BarrierBrokenError
+from healthkit import BarrierBrokenError, InvalidArgumentTypeError
+from healthkit.lowlevel import check_bool, check_bound, check_int
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
-from healthkit_glt._producer import DistSamplingProducer, SamplingError, SamplingWorkerDiedError
+from healthkit_glt._producer import (
+    DistSamplingProducer,
+    SamplingError,
+    SamplingWorkerDiedError,
+    check_producer_kwargs,
+)
 from healthkit_glt._remote_errors import ServerFailure, ServerHello
 from healthkit_glt._version import __version__
 
@@ -74,6 +80,11 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         lease_host: str | None = None,
         lease_bind: str = "",
     ) -> None:
+        # Checked before GLT's server exists: a bad producer default would otherwise fail
+        # on the first client's request, a bad connection_timeout at the first lease.
+        timeout_s = _check_server_arguments(
+            producer_kwargs or {}, connection_timeout, lease_host, lease_bind
+        )
         super().__init__(dataset)
         from graphlearn_torch.distributed.dist_context import get_context
 
@@ -87,7 +98,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         self._leases = LeaseServer(
             self._lease_ended,
             bind_host=lease_bind,
-            timeout_s=resolve_connection_timeout(connection_timeout),
+            timeout_s=timeout_s,
         )
         self._lease_host = lease_host
         self._released: list[threading.Thread] = []
@@ -401,6 +412,25 @@ def serve_release(producer_id: int, token: str) -> None:
 # ---------------------------------------------------------------------- start and stop
 
 
+def _check_server_arguments(
+    producer_kwargs: object, connection_timeout: object, lease_host: object, lease_bind: object
+) -> float:
+    """:class:`DistServer`'s own arguments, checked; returns the connection timeout."""
+    check_producer_kwargs(producer_kwargs)
+    timeout_s = resolve_connection_timeout(connection_timeout)  # type: ignore[arg-type]
+    if lease_host is not None and not isinstance(lease_host, str):
+        raise InvalidArgumentTypeError(
+            f"lease_host must be a host name or address (str) or None, got {lease_host!r}",
+            "lease_host",
+        )
+    if not isinstance(lease_bind, str):
+        raise InvalidArgumentTypeError(
+            f"lease_bind must be an address to bind (str; '' for all), got {lease_bind!r}",
+            "lease_bind",
+        )
+    return timeout_s
+
+
 def init_server(
     num_servers: int,
     server_rank: int,
@@ -424,6 +454,29 @@ def init_server(
     default for the producers it builds (``rpc_init_timeout=``, ``sampler_factory=``, ...).
     GLT's ``get_server()`` and ``wait_and_shutdown_server()`` work with it.
     """
+    check_int(num_servers, "num_servers", minimum=1)
+    check_int(server_rank, "server_rank", minimum=0, maximum=num_servers - 1)
+    if not isinstance(master_addr, str) or not master_addr:
+        raise InvalidArgumentTypeError(
+            f"master_addr must be a host name or address (str), got {master_addr!r}",
+            "master_addr",
+        )
+    check_int(master_port, "master_port", minimum=1, maximum=65535)
+    check_int(num_clients, "num_clients", minimum=0)
+    check_int(num_rpc_threads, "num_rpc_threads", minimum=1)
+    if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)):
+        raise InvalidArgumentTypeError(
+            f"request_timeout must be a number of seconds, got {request_timeout!r}",
+            "request_timeout",
+        )
+    check_bound(request_timeout, "request_timeout")
+    if server_group_name is not None and not isinstance(server_group_name, str):
+        raise InvalidArgumentTypeError(
+            f"server_group_name must be a str or None, got {server_group_name!r}",
+            "server_group_name",
+        )
+    check_bool(is_dynamic, "is_dynamic")
+    _check_server_arguments(producer_kwargs, connection_timeout, lease_host, lease_bind)
     from graphlearn_torch.distributed import dist_server as glt_server
     from graphlearn_torch.distributed.dist_context import _set_server_context
     from graphlearn_torch.distributed.rpc import init_rpc

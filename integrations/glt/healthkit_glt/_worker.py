@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import attrs
 from graphlearn_torch.channel import ChannelBase
 
-from healthkit import BarrierBrokenError, BoundedBarrier
-from healthkit.lowlevel import die_with_parent, flush_logging
+from healthkit import BarrierBrokenError, BoundedBarrier, InvalidArgumentTypeError
+from healthkit.lowlevel import check_bound, check_int, die_with_parent, flush_logging
 
 __all__ = [
     "SamplerFactory",
@@ -87,6 +87,16 @@ class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no ty
     """
 
     def __init__(self, channel: Any, lock: Any) -> None:
+        if not callable(getattr(channel, "send", None)):
+            raise InvalidArgumentTypeError(
+                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
+            )
+        if not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
+            raise InvalidArgumentTypeError(
+                f"lock must be a lock (multiprocessing's, shared with the other workers), got "
+                f"{lock!r}",
+                "lock",
+            )
         self.channel = channel
         self.lock = lock
 
@@ -182,6 +192,15 @@ class ErrorReports:
     flag: Any
 
 
+def _check_context(ctx: object) -> None:
+    if not isinstance(ctx, SamplingWorkerContext):
+        raise InvalidArgumentTypeError(
+            f"ctx must be the SamplingWorkerContext the producer hands to the worker loop, "
+            f"got {ctx!r}",
+            "ctx",
+        )
+
+
 def _summary(e: BaseException) -> str:
     """The exception's first line (``IndexError: index 702 is out of bounds ...``)."""
     lines = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
@@ -196,6 +215,10 @@ def report_sampling_error(ctx: SamplingWorkerContext, text: str, summary: str = 
     issuing samples (``ctx.failed`` is set) and waits for the producer's teardown. Returns
     whether it was sent. Safe from any thread (the sampler's event loop calls it).
     """
+    _check_context(ctx)
+    for what, value in (("text", text), ("summary", summary)):
+        if not isinstance(value, str):
+            raise InvalidArgumentTypeError(f"{what} must be a str, got {value!r}", what)
     first = not ctx.failed.is_set()
     ctx.failed.set()
     logger.error("sampling worker %d: sampling raised:\n%s", ctx.rank, text.rstrip())
@@ -254,6 +277,7 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
     gathers every worker's info; a worker that loses the gather dies here, before the
     barrier, which the parent's BoundedBarrier turns into a diagnosed failure.
     """
+    _check_context(ctx)
     import torch
     from graphlearn_torch.distributed import init_rpc, init_worker_group
     from graphlearn_torch.utils import ensure_device
@@ -294,6 +318,7 @@ def start_sampler(ctx: SamplingWorkerContext) -> Any:
     The factory gets the channel wrapped in :class:`SerializedSendChannel` when the context
     has a ``send_lock`` (more than one worker).
     """
+    _check_context(ctx)
     from graphlearn_torch.utils import seed_everything
 
     if ctx.sampling_config.seed is not None:
@@ -322,6 +347,9 @@ def narrow_rpc_timeout(rank: int, bringup: float, steady: float) -> float:
     default applies to RPCs issued afterwards by this process's agent (torch's
     ``_set_rpc_timeout`` is the only setter; ``get_rpc_timeout`` reads it back).
     """
+    check_int(rank, "rank", minimum=0)
+    check_bound(bringup, "bringup")
+    check_bound(steady, "steady")
     from torch.distributed import rpc
 
     get_timeout = rpc.get_rpc_timeout  # type: ignore[attr-defined,unused-ignore]
@@ -347,6 +375,7 @@ def pass_init_barrier(ctx: SamplingWorkerContext) -> float:
     bound passed) or died; let it reach your ``finally`` so the teardown runs. Returns the
     RPC timeout now in force.
     """
+    _check_context(ctx)
     ctx.barrier.worker_wait(ctx.rank)
     return narrow_rpc_timeout(ctx.rank, ctx.rpc_init_timeout, ctx.steady_state_rpc_timeout)
 
@@ -358,6 +387,7 @@ def run_task_loop(ctx: SamplingWorkerContext, sampler: Any) -> None:
     :func:`start_sampler`) is reported to the consumer with :func:`report_sampling_error`;
     the worker then issues no more samples and waits for ``STOP`` or the producer's SIGTERM.
     """
+    _check_context(ctx)
     from graphlearn_torch.distributed.dist_sampling_producer import (
         MP_STATUS_CHECK_INTERVAL,
         MpCommand,
@@ -433,6 +463,7 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
     parent: an orderly RPC shutdown first would delay the parent's report by seconds, and
     let a peer die of the broken connection first and be reported as the cause.
     """
+    _check_context(ctx)
     sampler = None
     passed = False
     try:

@@ -18,6 +18,7 @@ when first needed, torch only when ``torch.distributed`` is already in use.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from healthkit_graphlearn._version import __version__ as __version__
@@ -121,6 +122,20 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"healthkit_graphlearn.{module}"), name)
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def _publish(module: str) -> None:
+    """Make the exported classes and functions of ``module`` (a private module, imported
+    lazily) report this package as their module (``healthkit_graphlearn.SamplerServer``):
+    in reprs, tracebacks and pickles. Each private module calls it once it is defined, so
+    this holds however the module came to be imported."""
+    namespace = vars(sys.modules[module])
+    for name, owner in _EXPORTS.items():
+        obj = namespace.get(name)
+        if f"healthkit_graphlearn.{owner}" == module and (
+            isinstance(obj, type) or hasattr(obj, "__code__")
+        ):
+            obj.__module__ = __name__
 
 
 def __dir__() -> list[str]:

@@ -17,6 +17,8 @@ from types import ModuleType
 
 import attrs
 
+from healthkit import InvalidArgumentTypeError
+from healthkit.lowlevel import MAX_TIMEOUT_S, check_int
 from healthkit_graphlearn._gl_import import import_graphlearn
 
 __all__ = ["ClientRetryBudget", "shorten_client_retries"]
@@ -57,12 +59,13 @@ def shorten_client_retries(
         GraphLearnFeatureError: the build has no ``set_retry_times`` (or, with ``timeout``,
             no ``set_timeout``).
     """
-    if isinstance(retry_times, bool) or not isinstance(retry_times, int) or retry_times < 1:
-        raise ValueError(f"retry_times must be an int >= 1, got {retry_times!r}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
-    ):
-        raise ValueError(f"timeout must be None or an int number of seconds >= 1, got {timeout!r}")
+    check_int(retry_times, "retry_times", minimum=1)
+    if timeout is not None:
+        check_int(timeout, "timeout", minimum=1, maximum=MAX_TIMEOUT_S)
+    if gl is not None and not isinstance(gl, ModuleType):
+        raise InvalidArgumentTypeError(
+            f"gl must be the graphlearn module or None, got {gl!r}", "gl"
+        )
     gl = import_graphlearn() if gl is None else gl
     needed = ["set_retry_times"] + (["set_timeout"] if timeout is not None else [])
     missing = [n for n in needed if not callable(getattr(gl, n, None))]
@@ -78,3 +81,8 @@ def shorten_client_retries(
     if timeout is not None:
         gl.set_timeout(timeout)
     return ClientRetryBudget(retry_times, timeout)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

@@ -23,6 +23,8 @@ import socket
 import sys
 from typing import Any, Literal
 
+from healthkit import InvalidArgumentError, InvalidArgumentTypeError
+from healthkit.lowlevel import check_choice, check_int
 from healthkit_graphlearn._env import DistEnv, check_index
 
 __all__ = [
@@ -41,6 +43,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` a moment ago. The server binds it seconds later, so another
     process may take it first (the same race as tzrec's); the server then fails to start and
     the launcher raises with its diagnosis."""
+    if not isinstance(host, str) or not host:
+        raise InvalidArgumentTypeError(f"host must be a host name or address, got {host!r}", "host")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -50,25 +54,28 @@ def free_port(host: str = "127.0.0.1") -> int:
 def server_address(host: str | None = None, port: int | None = None) -> str:
     """``host:port`` for this node's server. ``host`` defaults to what tzrec uses,
     ``gethostbyname(gethostname())``; ``port`` to a free one."""
+    if host is not None and (not isinstance(host, str) or not host):
+        raise InvalidArgumentTypeError(f"host must be a host name or None, got {host!r}", "host")
     if host is None:
         host = socket.gethostbyname(socket.gethostname())
     if port is None:
         port = free_port(host)
-    elif isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    else:
+        check_int(port, "port", minimum=1, maximum=65535)
     return f"{host}:{port}"
 
 
 def _initialized_dist(group: Any) -> Any:
     """``torch.distributed`` if a process group is up, else None; never imports torch."""
-    if "torch.distributed" not in sys.modules:
-        return None  # nobody imported it, so nobody initialised it
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # nobody imported it: nobody initialised it
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist
     if group is not None:
-        raise ValueError("group= was given but torch.distributed is not initialized")
+        raise InvalidArgumentError(
+            "group= was given but torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group() first, or pass group=None",
+            "group",
+        )
     return None
 
 
@@ -93,17 +100,21 @@ def exchange_server_addresses(
 
     Without torch.distributed (a single process) it returns ``address`` itself.
     """
-    env = DistEnv.from_environ() if env is None else env
-    if exchange not in ("all_reduce", "all_gather"):
-        raise ValueError(f"exchange must be 'all_reduce' or 'all_gather', got {exchange!r}")
+    check_choice(exchange, ("all_reduce", "all_gather"), "exchange")
+    env = _check_env(env)
+    if address is not None and not isinstance(address, str):
+        raise InvalidArgumentTypeError(
+            f"address must be 'host:port' or None, got {address!r}", "address"
+        )
     if (env.local_rank == 0) != (address is not None):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"LOCAL_RANK={env.local_rank}: "
             + (
                 "local rank 0 runs the node's server and must pass its address"
                 if env.local_rank == 0
                 else "only local rank 0 passes an address; pass None on the other ranks"
-            )
+            ),
+            "address",
         )
     dist = _initialized_dist(group)
     if dist is None:
@@ -125,9 +136,10 @@ def _ipv4_row(address: str) -> list[int]:
     try:
         octets = [int(x) for x in ipaddress.IPv4Address(host).packed]
     except ValueError:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"exchange='all_reduce' carries IPv4 addresses only (as tzrec's does), got "
-            f"{address!r}: pass an IPv4 host, or use exchange='all_gather' on every rank"
+            f"{address!r}: pass an IPv4 host, or use exchange='all_gather' on every rank",
+            "address",
         ) from None
     return [*octets, int(port)]
 
@@ -136,14 +148,19 @@ def _all_reduce(dist: Any, address: str | None, env: DistEnv, group: Any) -> str
     import torch
 
     if env.world_size % env.local_world_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"exchange='all_reduce' needs WORLD_SIZE ({env.world_size}) to be a multiple of "
             f"LOCAL_WORLD_SIZE ({env.local_world_size}); use exchange='all_gather' for nodes "
-            "of different sizes"
+            "of different sizes",
+            "exchange",
         )
     nodes = env.group_size
     if env.group_rank >= nodes:
-        raise ValueError(f"GROUP_RANK={env.group_rank} must be < the number of nodes ({nodes})")
+        raise InvalidArgumentError(
+            f"GROUP_RANK={env.group_rank} must be < the number of nodes ({nodes}): check "
+            "the launcher's GROUP_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+        )
     table = torch.zeros([nodes, 5], dtype=torch.int32)
     if address is not None:
         table[env.group_rank] = torch.tensor(_ipv4_row(address), dtype=torch.int32)
@@ -197,9 +214,13 @@ def get_cluster_spec(
     number of GL clients each rank opens: its DataLoader ``num_workers``, or 1 for a client in
     the main process.
     """
-    env = DistEnv.from_environ() if env is None else env
-    if check_index(num_client_per_rank, "num_client_per_rank") < 1:
-        raise ValueError("num_client_per_rank must be >= 1")
+    check_int(num_client_per_rank, "num_client_per_rank", minimum=1)
+    if host is not None and not isinstance(host, str):
+        raise InvalidArgumentTypeError(f"host must be a str or None, got {host!r}", "host")
+    if port is not None:
+        check_int(port, "port", minimum=1, maximum=65535)
+    check_choice(exchange, ("all_reduce", "all_gather"), "exchange")
+    env = _check_env(env)
     address = server_address(host, port) if env.local_rank == 0 else None
     servers = exchange_server_addresses(address, env=env, exchange=exchange, group=group)
     return {"server": servers, "client_count": env.world_size * num_client_per_rank}
@@ -217,23 +238,33 @@ def client_task_index(
     ``client_id < 0`` means: the DataLoader worker id, or 0 in the main process. The result
     must stay below ``client_count``: GL fails with a bare ``IndexError`` otherwise.
     """
-    env = DistEnv.from_environ() if env is None else env
-    if check_index(num_client_per_rank, "num_client_per_rank") < 1:
-        raise ValueError("num_client_per_rank must be >= 1")
+    check_int(num_client_per_rank, "num_client_per_rank", minimum=1)
     check_index(client_id_bias, "client_id_bias")
-    if isinstance(client_id, bool) or not isinstance(client_id, int):
-        raise TypeError(f"client_id must be an int, got {client_id!r}")
+    check_int(client_id, "client_id")
+    env = _check_env(env)
     if client_id < 0:
         client_id = _worker_id()
     client_id += client_id_bias
     if client_id >= num_client_per_rank:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"client id {client_id} (worker id + client_id_bias {client_id_bias}) must be < "
             f"num_client_per_rank={num_client_per_rank}, or the task index lands on another "
             "rank's client (or past client_count, where GL fails with IndexError): raise "
-            "num_client_per_rank to at least the DataLoader's num_workers + client_id_bias"
+            "num_client_per_rank to at least the DataLoader's num_workers + client_id_bias",
+            "num_client_per_rank",
         )
     return num_client_per_rank * env.rank + client_id
+
+
+def _check_env(env: object) -> DistEnv:
+    """``env`` given, or this process's from the environment."""
+    if env is None:
+        return DistEnv.from_environ()
+    if not isinstance(env, DistEnv):
+        raise InvalidArgumentTypeError(
+            f"env must be a healthkit_graphlearn.DistEnv or None, got {env!r}", "env"
+        )
+    return env
 
 
 def _worker_id() -> int:
@@ -242,3 +273,8 @@ def _worker_id() -> int:
         return 0  # torch's DataLoader never ran here, so this is no DataLoader worker
     info = data.get_worker_info()
     return 0 if info is None else int(info.id)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from healthkit import InvalidEnvValueError
+from healthkit import InvalidArgumentError
+from healthkit.lowlevel import check_int
 
 __all__ = ["DistEnv", "check_index"]
 
@@ -24,22 +25,19 @@ def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> i
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = minimum - 1
+    text = raw.strip()
+    # ASCII digits only: int() would also take "1_0", "+1" and digits of other scripts.
+    value = int(text) if text.isascii() and text.isdigit() else minimum - 1
     if value < minimum:
-        raise InvalidEnvValueError(f"{name}={raw!r} is not an integer >= {minimum} ({_WHO_SETS})")
+        raise InvalidArgumentError(
+            f"{name}={raw!r} is not an integer >= {minimum} ({_WHO_SETS})", name
+        )
     return value
 
 
 def check_index(value: object, what: str) -> int:
     """An explicit index argument: a non-negative int (bools refused: ``True`` is not 1 here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
-    return value
+    return check_int(value, what, minimum=0)
 
 
 @attrs.frozen
@@ -50,11 +48,18 @@ class DistEnv:
     ``task_index`` of that node's sampler server and its position in the server list.
     """
 
-    world_size: int = 1
-    rank: int = 0
-    local_world_size: int = 1
-    local_rank: int = 0
-    group_rank: int = 0
+    world_size: int = attrs.field(default=1)
+    rank: int = attrs.field(default=0)
+    local_world_size: int = attrs.field(default=1)
+    local_rank: int = attrs.field(default=0)
+    group_rank: int = attrs.field(default=0)
+
+    def __attrs_post_init__(self) -> None:
+        check_int(self.world_size, "world_size", minimum=1)
+        check_int(self.rank, "rank", minimum=0, maximum=self.world_size - 1)
+        check_int(self.local_world_size, "local_world_size", minimum=1, maximum=self.world_size)
+        check_int(self.local_rank, "local_rank", minimum=0, maximum=self.local_world_size - 1)
+        check_int(self.group_rank, "group_rank", minimum=0)
 
     @property
     def group_size(self) -> int:
@@ -66,7 +71,7 @@ class DistEnv:
         """Read and cross-check the torchrun variables.
 
         Raises:
-            InvalidEnvValueError: a variable is not a valid integer, or the values contradict
+            InvalidArgumentError: a variable is not a valid integer, or the values contradict
                 each other (e.g. ``RANK >= WORLD_SIZE``); the message names the variable.
         """
         env = os.environ if env is None else env
@@ -75,16 +80,22 @@ class DistEnv:
         local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1, 1)
         local_rank = _env_int(env, "LOCAL_RANK", 0, 0)
         group_rank = _env_int(env, "GROUP_RANK", 0, 0)
-        problems = []
+        problems: list[tuple[str, str]] = []
         if rank >= world:
-            problems.append(f"RANK={rank} must be < WORLD_SIZE={world}")
+            problems.append(("RANK", f"RANK={rank} must be < WORLD_SIZE={world}"))
         if local_rank >= local_world:
-            problems.append(f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world}")
+            problems.append(
+                ("LOCAL_RANK", f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world}")
+            )
         if local_world > world:
-            problems.append(f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}")
+            text = f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}"
+            problems.append(("LOCAL_WORLD_SIZE", text))
         if problems:
-            raise InvalidEnvValueError(
-                "inconsistent torchrun environment: " + "; ".join(problems) + f" ({_WHO_SETS})"
+            raise InvalidArgumentError(
+                "inconsistent torchrun environment: "
+                + "; ".join(text for _, text in problems)
+                + f" ({_WHO_SETS})",
+                problems[0][0],
             )
         return cls(world, rank, local_world, local_rank, group_rank)
 
@@ -92,3 +103,8 @@ class DistEnv:
     def local_rank_from_environ(env: Mapping[str, str] | None = None) -> int:
         """Only ``LOCAL_RANK`` (default 0), for callers that need nothing else."""
         return _env_int(os.environ if env is None else env, "LOCAL_RANK", 0, 0)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

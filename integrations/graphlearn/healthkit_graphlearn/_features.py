@@ -22,7 +22,8 @@ from types import ModuleType
 
 import attrs
 
-from healthkit import HealthkitError
+from healthkit import HealthkitError, InvalidArgumentTypeError
+from healthkit.lowlevel import check_int
 from healthkit_graphlearn._gl_import import graphlearn_distribution, import_graphlearn
 
 __all__ = [
@@ -76,6 +77,7 @@ class GraphLearnBuild:
 def graphlearn_build(gl: ModuleType | None = None) -> GraphLearnBuild:
     """Describe ``gl`` (default: the ``graphlearn`` in use, imported by
     :func:`~healthkit_graphlearn.import_graphlearn` if needed)."""
+    _check_gl(gl)
     gl = import_graphlearn() if gl is None else gl
     path = Path(os.path.abspath(getattr(gl, "__file__", None) or ".")).parent
     dist = graphlearn_distribution(path)
@@ -88,14 +90,21 @@ def graphlearn_build(gl: ModuleType | None = None) -> GraphLearnBuild:
     )
 
 
+def _check_gl(gl: object) -> None:
+    if gl is not None and not isinstance(gl, ModuleType):
+        raise InvalidArgumentTypeError(
+            f"gl must be the graphlearn module or None, got {gl!r}", "gl"
+        )
+
+
 def set_load_graph_thread_num(num: int, gl: ModuleType | None = None) -> bool:
     """``gl.set_load_graph_thread_num(num)`` where the build has it; returns whether it did.
 
     Call it before launching the server (the forked server inherits the setting). A build
     without it loads with its own thread count; that is logged once at INFO.
     """
-    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ValueError(f"num must be an int >= 1, got {num!r}")
+    check_int(num, "num", minimum=1)
+    _check_gl(gl)
     gl = import_graphlearn() if gl is None else gl
     fn = getattr(gl, "set_load_graph_thread_num", None)
     if callable(fn):
@@ -120,6 +129,7 @@ def set_use_string_hash_id(gl: ModuleType | None = None) -> None:
         GraphLearnFeatureError: the build has no such setting; its ids would be read as
             int64 and sampling would silently return wrong nodes.
     """
+    _check_gl(gl)
     gl = import_graphlearn() if gl is None else gl
     fn = getattr(gl, "set_use_string_hash_id", None)
     if not callable(fn):
@@ -129,3 +139,8 @@ def set_use_string_hash_id(gl: ModuleType | None = None) -> None:
             "give the node tables int64 ids"
         )
     fn(1)
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

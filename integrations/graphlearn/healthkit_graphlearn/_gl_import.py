@@ -347,3 +347,8 @@ def _check_is_alibaba(mod: ModuleType) -> None:
             "set_tracker_mode): it is probably the unrelated PyPI package `graphlearn`; "
             "uninstall it, then " + _INSTALL_HINT
         )
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

@@ -50,6 +50,8 @@ from healthkit import (
     DisarmableWatchdog,
     ExitDiagnoser,
     HealthkitError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     ProcessDiedError,
     ProcessWatch,
     WatchSet,
@@ -57,7 +59,19 @@ from healthkit import (
     stop,
 )
 from healthkit.actions import Action
-from healthkit.lowlevel import die_with_parent, env_seconds, set_thread_name
+from healthkit.lowlevel import (
+    check_bool,
+    check_bound,
+    check_callable,
+    check_choice,
+    check_exit_code,
+    check_seconds,
+    check_timeout,
+    die_with_parent,
+    env_seconds,
+    renamed_argument,
+    set_thread_name,
+)
 from healthkit_graphlearn._env import DistEnv, check_index
 
 __all__ = [
@@ -184,15 +198,10 @@ class SamplerServer:
             SamplerServerTimeoutError: not ready within ``timeout`` seconds (it keeps loading).
             LaunchContextError: called from a process forked from the launching one.
         """
+        check_timeout(timeout, "timeout")
         if self.ready_after is not None:
             return self.ready_after
         self._check_owner("wait for")
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not 0 <= timeout < float("inf")
-        ):
-            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
         with self._lock:
             if self._poll_ready(timeout):
                 assert self.ready_after is not None
@@ -244,12 +253,22 @@ class SamplerServer:
                 f"{os.getpid()}) cannot {what} it: do that in the process that launched it"
             )
 
-    def stop(self, timeout: float = _STOP_TIMEOUT, *, grace: float = 0.0) -> int | None:
+    def stop(
+        self,
+        kill_after: float = _STOP_TIMEOUT,
+        *,
+        grace: float = 0.0,
+        timeout: float | None = None,
+    ) -> int | None:
         """Disarm the watchdog, then end the server; returns its exit code. Idempotent.
 
         ``grace``: seconds to let it finish by itself first (after every client called
-        ``close()`` it exits 0 about 4 s later); then SIGTERM, and SIGKILL after ``timeout``.
+        ``close()`` it exits 0 about 4 s later); then SIGTERM, and SIGKILL after
+        ``kill_after`` seconds (``timeout`` is its deprecated name).
         """
+        kill_after = renamed_argument("timeout", timeout, "kill_after", kill_after, _STOP_TIMEOUT)
+        check_seconds(kill_after, "kill_after")
+        check_seconds(grace, "grace")
         self._check_owner("stop")
         with self._lock:
             if self._stopped:
@@ -261,7 +280,7 @@ class SamplerServer:
                 [proc],
                 request=(lambda: None) if grace > 0 else None,
                 grace=grace,
-                term_timeout=timeout,
+                kill_after=kill_after,
                 kill_timeout=_STOP_TIMEOUT,
                 name=self.name,
             )
@@ -345,36 +364,45 @@ def launch_sampler_server(
             (``wait=True`` only).
         LaunchContextError: called off the main thread, or in a process forked from the one
             that launched the server.
-        InvalidEnvValueError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT``) is invalid.
+        InvalidArgumentError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT``) is invalid.
         ValueError, TypeError: a bad argument; the message says which.
     """
     global _launched
     servers = _check_cluster(cluster)
     check_index(task_index, "task_index")
     if task_index >= len(servers):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"task_index={task_index} but cluster['server'] lists {len(servers)} server(s): "
             "a node's server has task_index = its GROUP_RANK, 0.."
-            f"{len(servers) - 1}"
+            f"{len(servers) - 1}",
+            "task_index",
         )
-    if mode not in ("sidecar", "thread"):
-        raise ValueError(f"mode must be 'sidecar' or 'thread', got {mode!r}")
-    if not isinstance(wait, bool):
-        raise TypeError(f"wait must be True or False, got {wait!r}")
-    if on_clean_exit not in ("ignore", "warn", "fail"):
-        raise ValueError(f"on_clean_exit must be 'ignore', 'warn' or 'fail', got {on_clean_exit!r}")
+    check_choice(mode, ("sidecar", "thread"), "mode")
+    check_bool(wait, "wait")
+    check_bool(arm, "arm")
+    check_choice(on_clean_exit, ("ignore", "warn", "fail"), "on_clean_exit")
+    check_exit_code(exit_code, "exit_code")
+    if actions is not None:
+        if mode != "thread":
+            raise InvalidArgumentError(
+                "actions= runs in this process, so it needs mode='thread' (the sidecar runs "
+                "fixed actions): pass mode='thread', or drop actions=",
+                "actions",
+            )
+        if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence):
+            raise InvalidArgumentTypeError(
+                f"actions must be a list of callables or None, got {actions!r}", "actions"
+            )
+        for action in actions:
+            check_callable(action, "actions")
     if local_rank is None:
         local_rank = DistEnv.local_rank_from_environ()
     else:
         check_index(local_rank, "local_rank")
     if ready_timeout is None:
         ready_timeout = env_seconds(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT, strict=True)
-    elif isinstance(ready_timeout, bool) or not (
-        isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")
-    ):
-        raise ValueError(
-            f"ready_timeout must be a positive number of seconds, got {ready_timeout!r}"
-        )
+    else:
+        check_bound(ready_timeout, "ready_timeout")
     if local_rank != 0:
         logger.debug("LOCAL_RANK=%d: the node's sampler server runs on local rank 0", local_rank)
         return None
@@ -428,23 +456,26 @@ def launch_sampler_server(
 def _check_cluster(cluster: object) -> list[str]:
     """The server list of a tzrec-shaped cluster spec, or an error saying what is wrong."""
     if not isinstance(cluster, Mapping):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             "cluster must be a mapping like {'server': 'host:port,...', 'client_count': N} "
-            f"(see get_cluster_spec), got {type(cluster).__name__}"
+            f"(see get_cluster_spec), got {type(cluster).__name__}",
+            "cluster",
         )
     raw = cluster.get("server")
     servers = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else []
     if not servers or not all(_is_host_port(s) for s in servers):
-        raise ValueError(
-            f"cluster['server'] must be 'host:port[,host:port...]' (one per node), got {raw!r}"
+        raise InvalidArgumentError(
+            f"cluster['server'] must be 'host:port[,host:port...]' (one per node), got {raw!r}",
+            "cluster",
         )
     count = cluster.get("client_count")
     clients = cluster.get("client")
     ok_count = isinstance(count, int) and not isinstance(count, bool) and count >= 1
     if not ok_count and not (isinstance(clients, str) and clients.strip()):
-        raise ValueError(
+        raise InvalidArgumentError(
             "cluster needs 'client_count' (an int >= 1: WORLD_SIZE x clients per rank) or "
-            f"'client'; got client_count={count!r}"
+            f"'client'; got client_count={count!r}",
+            "cluster",
         )
     return servers
 
@@ -646,5 +677,10 @@ def _wait_ready(
 
 
 def _kill(proc: BaseProcess, watch: ProcessWatch) -> None:
-    stop([proc], term_timeout=0, kill_timeout=_STOP_TIMEOUT, name=watch.name)
+    stop([proc], kill_after=0, kill_timeout=_STOP_TIMEOUT, name=watch.name)
     watch.close()
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

@@ -77,3 +77,8 @@ def die_with_rank(rank_pid: int | None = None) -> bool:
 def _in_dataloader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
+
+
+import healthkit_graphlearn as _package  # noqa: E402
+
+_package._publish(__name__)

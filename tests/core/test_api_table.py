@@ -1,0 +1,509 @@
+"""The public API's error convention, table-driven: every public constructor and function of
+``healthkit``, ``healthkit.actions`` and ``healthkit.lowlevel`` has a row with a bad value of
+each argument it takes, and must refuse it at the call with a typed
+:class:`healthkit.HealthkitError` that names the argument. A public callable without a row
+fails the test, so new API cannot skip the convention. Also: public module names, pickling
+of every exported error, and the deprecated names that still work for one release."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from api_table import Case, cases, check, missing_rows
+
+import healthkit
+from healthkit import (
+    BoundedBarrier,
+    DisarmableWatchdog,
+    HealthkitError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ProcessWatch,
+    WatchSet,
+    actions,
+    lowlevel,
+)
+from healthkit.actions import FailureEvent
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+# ----------------------------------------------------------------------------- deprecated
+@pytest.mark.parametrize(
+    "old", ["InvalidTimeoutError", "InvalidExitCodeError", "InvalidEnvValueError"]
+)
+def test_old_error_names_are_aliases_that_warn(old: str) -> None:
+    with pytest.warns(DeprecationWarning, match=f"healthkit.{old} is deprecated"):
+        alias = getattr(healthkit, old)
+    assert alias is InvalidArgumentError
+    assert old not in healthkit.__all__
+    with pytest.raises(AttributeError):
+        healthkit.NoSuchName  # noqa: B018  # type: ignore[attr-defined]
+
+
+def test_old_error_names_still_catch_what_they_caught() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old_timeout = healthkit.InvalidTimeoutError  # type: ignore[attr-defined]
+    with pytest.raises(old_timeout):
+        DisarmableWatchdog(kill_after=-1)
+
+
+def test_stop_term_timeout_is_the_old_name_of_kill_after(child: subprocess.Popen[bytes]) -> None:
+    with pytest.warns(DeprecationWarning, match="term_timeout= is deprecated.*kill_after="):
+        report = healthkit.stop([child], term_timeout=0.2)  # type: ignore[call-arg]
+    assert report.terminated == (child.pid,)
+    assert child.returncode is not None
+
+
+def test_both_names_at_once_are_refused(child: subprocess.Popen[bytes]) -> None:
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(InvalidArgumentError, match="term_timeout"),
+    ):
+        healthkit.stop([child], term_timeout=1.0, kill_after=2.0)  # type: ignore[call-arg]
+    assert child.poll() is None  # refused before anything was signalled
+
+
+def test_watchdog_kill_grace_is_the_old_name_of_kill_after() -> None:
+    with pytest.warns(DeprecationWarning, match="kill_grace= is deprecated"):
+        wd = DisarmableWatchdog(kill_grace=3.0)  # type: ignore[call-arg]
+    assert wd.kill_after == 3.0
+    with pytest.warns(DeprecationWarning, match="kill_grace is deprecated"):
+        assert wd.kill_grace == 3.0
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgumentError, match="kill_grace"):
+        DisarmableWatchdog(kill_grace=-1)  # type: ignore[call-arg]
+
+
+def test_the_new_names_do_not_warn(child: subprocess.Popen[bytes]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DisarmableWatchdog(kill_after=1.0)
+        healthkit.stop([child], kill_after=0.2)
+
+
+def test_argument_errors_are_value_errors_and_type_errors_stay_type_errors() -> None:
+    assert issubclass(InvalidArgumentError, ValueError)
+    assert issubclass(InvalidArgumentTypeError, (ValueError, TypeError))
+    with pytest.raises(TypeError) as info:
+        DisarmableWatchdog(kill_after="2")  # type: ignore[arg-type]
+    assert isinstance(info.value, HealthkitError) and info.value.argument == "kill_after"  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- public names
+PUBLIC_MODULES = [healthkit, healthkit.actions, healthkit.lowlevel]
+
+
+def _exported(module: Any) -> Iterator[tuple[str, Any]]:
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, type) or inspect.isfunction(obj):
+            yield name, obj
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_every_exported_object_reports_its_public_module(module: Any) -> None:
+    wrong = {
+        name: obj.__module__ for name, obj in _exported(module) if obj.__module__ != module.__name__
+    }
+    assert not wrong, f"{module.__name__}: {wrong}"
+
+
+def _diagnosis() -> healthkit.Diagnosis:
+    diagnoser = healthkit.ExitDiagnoser()
+    try:
+        return diagnoser.diagnose(-9, name="sampling worker 1", pid=4242, evidence=False)
+    finally:
+        diagnoser.close()
+
+
+def _error_examples() -> dict[type[BaseException], BaseException]:
+    d = _diagnosis()
+    party = healthkit.PartyReport(rank=0, name="w0", pid=4242, state="dead", arrived=False)
+    barrier = {"barrier_name": "init", "elapsed": 1.5, "bound": 3.0, "parties": (party,)}
+    return {
+        HealthkitError: HealthkitError("x"),
+        healthkit.NoSuchProcessError: healthkit.NoSuchProcessError("pid 4242"),
+        healthkit.ProcessNotStartedError: healthkit.ProcessNotStartedError("not started"),
+        healthkit.WatchClosedError: healthkit.WatchClosedError("closed"),
+        InvalidArgumentError: InvalidArgumentError("kill_after must be >= 0", "kill_after"),
+        InvalidArgumentTypeError: InvalidArgumentTypeError("name must be a str", "name"),
+        healthkit.InterpreterShutdownError: healthkit.InterpreterShutdownError("shutdown"),
+        healthkit.ProcessDiedError: healthkit.ProcessDiedError("died", d),
+        healthkit.BarrierBrokenError: healthkit.BarrierBrokenError("broken", **barrier),
+        healthkit.BarrierTimeoutError: healthkit.BarrierTimeoutError("timed out", **barrier),
+        healthkit.SidecarError: healthkit.SidecarError("no sidecar"),
+        healthkit.lowlevel.EnvValueWarning: healthkit.lowlevel.EnvValueWarning("X='abc'"),
+    }
+
+
+def _state(error: BaseException) -> tuple[Any, ...]:
+    return (type(error), error.args, str(error), vars(error))
+
+
+def test_every_exported_error_pickles_with_its_attributes() -> None:
+    examples = _error_examples()
+    errors = [
+        obj
+        for module in PUBLIC_MODULES
+        for _, obj in _exported(module)
+        if issubclass_safe(obj, BaseException)
+    ]
+    missing = [e.__name__ for e in errors if e not in examples]
+    assert not missing, f"exported errors without a pickling example: {missing}"
+    for error in examples.values():
+        copy = pickle.loads(pickle.dumps(error))
+        assert _state(copy) == _state(error)
+    died = pickle.loads(pickle.dumps(examples[healthkit.ProcessDiedError]))
+    assert died.diagnosis.cause == healthkit.Cause.SIGKILL_UNCONFIRMED  # type: ignore[attr-defined]
+    assert pickle.loads(pickle.dumps(examples[InvalidArgumentError])).argument == "kill_after"  # type: ignore[attr-defined]
+
+
+def issubclass_safe(obj: object, cls: type) -> bool:
+    return isinstance(obj, type) and issubclass(obj, cls)
+
+
+def test_an_error_crosses_a_process_boundary(tmp_path: Any) -> None:
+    """Unpickled where only the public name is known: a fresh interpreter."""
+    path = tmp_path / "error.pickle"
+    path.write_bytes(pickle.dumps(_error_examples()[healthkit.ProcessDiedError]))
+    code = (
+        "import pickle, sys; e = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "print(type(e).__module__, type(e).__qualname__, e.diagnosis.pid)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["healthkit", "ProcessDiedError", "4242"], out.stderr
+
+
+# ----------------------------------------------------------------------------- the table
+@attrs.frozen
+class Env:
+    """What a case may need: a live child of this test (real, reaped after the test)."""
+
+    child: subprocess.Popen[bytes]
+    tmp: Path
+
+
+@pytest.fixture
+def env(child: subprocess.Popen[bytes], tmp_path: Path) -> Env:
+    return Env(child, tmp_path)
+
+
+T = InvalidArgumentTypeError
+
+
+def _in_watch_set(call: Any) -> None:
+    with WatchSet() as ws:
+        call(ws)
+
+
+NAN = math.nan
+BAD_CTX = "fork"  # the review's case: a start-method name where a context is expected
+
+
+def _status() -> healthkit.ExitStatus:
+    return healthkit.ExitStatus(returncode=-15, source="test")
+
+
+CORE: dict[str, dict[str, Case | list[Case]]] = {
+    "healthkit.BoundedBarrier": {
+        "parties": [
+            Case(lambda e: BoundedBarrier(-1, timeout=5)),
+            Case(lambda e: BoundedBarrier("2", timeout=5), T),
+        ],
+        "timeout": [
+            Case(lambda e: BoundedBarrier(1, timeout=0)),
+            Case(lambda e: BoundedBarrier(1, timeout=NAN)),
+        ],
+        "hint": Case(lambda e: BoundedBarrier(1, timeout=5, hint=5), T),
+        "ctx": Case(lambda e: BoundedBarrier(1, timeout=5, ctx=BAD_CTX), T),
+        "name": Case(lambda e: BoundedBarrier(1, timeout=5, name=5), T),
+        "worker_label": Case(lambda e: BoundedBarrier(1, timeout=5, worker_label=None), T),
+        "abort_grace": Case(lambda e: BoundedBarrier(1, timeout=5, abort_grace=-1)),
+    },
+    "healthkit.DisarmableWatchdog": {
+        "watches": Case(lambda e: DisarmableWatchdog(["abc"]), T),
+        "actions": [
+            Case(lambda e: DisarmableWatchdog(actions=[5]), T),
+            Case(lambda e: DisarmableWatchdog(mode="sidecar", actions=[]), label="sidecar"),
+        ],
+        "mode": Case(lambda e: DisarmableWatchdog(mode="bogus")),
+        "name": Case(lambda e: DisarmableWatchdog(name=5), T),
+        "diagnoser": Case(lambda e: DisarmableWatchdog(diagnoser="x"), T),
+        "on_clean_exit": Case(lambda e: DisarmableWatchdog(on_clean_exit="bogus")),
+        "exit_code": [
+            Case(lambda e: DisarmableWatchdog(exit_code=256)),
+            Case(lambda e: DisarmableWatchdog(exit_code="1"), T),
+        ],
+        "kill_after": Case(lambda e: DisarmableWatchdog(kill_after=-1)),
+        "rss_sample_interval": Case(lambda e: DisarmableWatchdog(rss_sample_interval=0.001)),
+        "stop_grace": Case(lambda e: DisarmableWatchdog(stop_grace=NAN)),
+        "kill_grace": Case(lambda e: DisarmableWatchdog(kill_grace=-1)),
+    },
+    "healthkit.ExitDiagnoser": {
+        "proc_root": Case(lambda e: healthkit.ExitDiagnoser(proc_root=5), T),
+        "cgroup_root": Case(lambda e: healthkit.ExitDiagnoser(cgroup_root=None), T),
+        "kmsg_path": Case(lambda e: healthkit.ExitDiagnoser(kmsg_path=5), T),
+        "shm_path": Case(lambda e: healthkit.ExitDiagnoser(shm_path=""), T),
+        "cgroup": Case(lambda e: healthkit.ExitDiagnoser(cgroup="/sys/fs/cgroup"), T),
+        "history": Case(lambda e: healthkit.ExitDiagnoser(history="yes"), T),
+        "records": Case(lambda e: healthkit.ExitDiagnoser(records=5), T),
+        "local_evidence": Case(lambda e: healthkit.ExitDiagnoser(local_evidence=0), T),
+    },
+    "healthkit.ProcessWatch": {
+        "target": [
+            Case(lambda e: ProcessWatch("abc"), T),
+            Case(lambda e: ProcessWatch(2**40), healthkit.NoSuchProcessError, "pid"),
+        ],
+        "name": Case(lambda e: ProcessWatch(e.child.pid, name=5), T),
+        "proc_root": Case(lambda e: ProcessWatch(e.child.pid, proc_root=None), T),
+        "use_pidfd": Case(lambda e: ProcessWatch(e.child.pid, use_pidfd="no"), T),
+    },
+    "healthkit.WatchSet": {
+        "watches": [Case(lambda e: WatchSet(5), T), Case(lambda e: WatchSet([e.child.pid]), T)],
+    },
+    "healthkit.WatchSet.add": {"watch": Case(lambda e: _in_watch_set(lambda ws: ws.add("x")), T)},
+    "healthkit.dump_helper_stacks": {
+        "pids": [
+            Case(lambda e: healthkit.dump_helper_stacks(5), T),
+            Case(lambda e: healthkit.dump_helper_stacks([-1]), healthkit.NoSuchProcessError),
+        ],
+        "below": Case(lambda e: healthkit.dump_helper_stacks([], below="x"), T),
+        "directory": Case(lambda e: healthkit.dump_helper_stacks([], directory=5), T),
+        "timeout": Case(lambda e: healthkit.dump_helper_stacks([], timeout=-1)),
+    },
+    "healthkit.record_dir": {},
+    "healthkit.record_exception": {
+        "func": Case(lambda e: healthkit.record_exception(5), T),
+        "stacks": Case(lambda e: healthkit.record_exception(stacks="x"), T),
+    },
+    "healthkit.stop": {
+        "targets": [
+            Case(lambda e: healthkit.stop(5), T),
+            Case(lambda e: healthkit.stop(["abc"]), T, label="str"),
+            Case(lambda e: healthkit.stop([-1]), label="-1"),
+            Case(lambda e: healthkit.stop([0]), label="0"),
+            Case(lambda e: healthkit.stop([2**40]), label="2**40"),
+        ],
+        "request": Case(lambda e: healthkit.stop([e.child], request=5), T),
+        "grace": Case(lambda e: healthkit.stop([e.child], grace=-1)),
+        "kill_after": Case(lambda e: healthkit.stop([e.child], kill_after=NAN)),
+        "kill_timeout": Case(lambda e: healthkit.stop([e.child], kill_timeout="5"), T),
+        "name": Case(lambda e: healthkit.stop([e.child], name=5), T),
+        "log": Case(lambda e: healthkit.stop([e.child], log="healthkit"), T),
+        "term_timeout": Case(lambda e: healthkit.stop([e.child], term_timeout=-1)),
+    },
+    "healthkit.actions.FailureEvent": {
+        "diagnosis": Case(lambda e: FailureEvent(5, "wd"), T),
+        "watchdog_name": Case(lambda e: FailureEvent(_diagnosis(), 5), T),
+        "owner_pid": Case(lambda e: FailureEvent(_diagnosis(), "wd", "1"), T),
+        "brief": [
+            Case(lambda e: FailureEvent(_diagnosis, "wd"), T, label="missing"),
+            Case(lambda e: FailureEvent(_diagnosis, "wd", brief="x"), T),
+        ],
+    },
+    "healthkit.actions.default_actions": {
+        "exit_code": Case(lambda e: actions.default_actions(0)),
+    },
+    "healthkit.actions.exit_process": {
+        "code": Case(lambda e: actions.exit_process(256)),
+        "terminate_children": Case(lambda e: actions.exit_process(1, "no"), T),
+    },
+    "healthkit.actions.log_diagnosis": {
+        "logger": Case(lambda e: actions.log_diagnosis("healthkit"), T),
+        "level": Case(lambda e: actions.log_diagnosis(level="ERROR"), T),
+    },
+    "healthkit.actions.raise_in_main_thread": {
+        "signum": [
+            Case(lambda e: actions.raise_in_main_thread(signal.SIGKILL), label="SIGKILL"),
+            Case(lambda e: actions.raise_in_main_thread(signal.SIGTERM), label="SIGTERM"),
+            Case(lambda e: actions.raise_in_main_thread("SIGUSR1"), T),
+        ],
+    },
+    "healthkit.actions.write_torchelastic_error_file": {
+        "path": Case(lambda e: actions.write_torchelastic_error_file(5), T),
+    },
+    "healthkit.lowlevel.children": {
+        "pid": Case(lambda e: lowlevel.children("1"), T),
+        "proc_root": Case(lambda e: lowlevel.children(1, proc_root=5), T),
+    },
+    "healthkit.lowlevel.descendants": {
+        "pid": Case(lambda e: lowlevel.descendants(-1), healthkit.NoSuchProcessError),
+        "proc_root": Case(lambda e: lowlevel.descendants(1, proc_root=b"/proc"), T),
+    },
+    "healthkit.lowlevel.read_proc_stat": {
+        "pid": Case(lambda e: lowlevel.read_proc_stat(1.0), T),
+        "proc_root": Case(lambda e: lowlevel.read_proc_stat(1, proc_root=None), T),
+    },
+    "healthkit.lowlevel.current_episode": {
+        "history": Case(lambda e: lowlevel.current_episode(5, 0.0, 1.0), T),
+        "now": Case(lambda e: lowlevel.current_episode([], NAN, 1.0), T),
+        "grace": Case(lambda e: lowlevel.current_episode([], 0.0, -1.0)),
+    },
+    "healthkit.lowlevel.decide": {
+        "status": Case(lambda e: lowlevel.decide(-15, armed=True), T),
+        "armed": Case(lambda e: lowlevel.decide(_status(), armed=1), T),
+        "on_clean_exit": Case(lambda e: lowlevel.decide(_status(), armed=True, on_clean_exit="x")),
+        "stopped_by_healthkit": Case(
+            lambda e: lowlevel.decide(None, armed=True, stopped_by_healthkit=None), T
+        ),
+        "stop": Case(lambda e: lowlevel.decide(_status(), armed=True, stop=1.0), T),
+        "stop_grace": Case(lambda e: lowlevel.decide(_status(), armed=True, stop_grace=-1)),
+        "now": Case(lambda e: lowlevel.decide(_status(), armed=True, now="0"), T),
+        "same_group": Case(lambda e: lowlevel.decide(None, armed=True, same_group="y"), T),
+        "owner_exiting": Case(lambda e: lowlevel.decide(None, armed=True, owner_exiting=0), T),
+        "owner_gone": Case(lambda e: lowlevel.decide(None, armed=True, owner_gone=None), T),
+    },
+    "healthkit.lowlevel.die_with_parent": {
+        "parent_pid": Case(lambda e: lowlevel.die_with_parent("1"), T),
+        "sig": Case(lambda e: lowlevel.die_with_parent(os.getppid(), sig=99999)),
+    },
+    "healthkit.lowlevel.dump_stacks": {
+        "directory": Case(lambda e: lowlevel.dump_stacks(5, []), T),
+        "pids": Case(lambda e: lowlevel.dump_stacks(str(e.tmp), 5), T),
+        "signum": Case(lambda e: lowlevel.dump_stacks(str(e.tmp), [], signum=signal.SIGKILL)),
+        "timeout": Case(lambda e: lowlevel.dump_stacks(str(e.tmp), [], timeout=math.inf)),
+    },
+    "healthkit.lowlevel.enable_stack_dumps": {
+        "directory": Case(lambda e: lowlevel.enable_stack_dumps(5), T),
+        "signum": Case(lambda e: lowlevel.enable_stack_dumps(str(e.tmp), signum=signal.SIGKILL)),
+    },
+    "healthkit.lowlevel.note_stop": {"signum": Case(lambda e: lowlevel.note_stop(99999))},
+    "healthkit.lowlevel.set_thread_name": {"name": Case(lambda e: lowlevel.set_thread_name(5), T)},
+    "healthkit.lowlevel.stop_like": {"status": Case(lambda e: lowlevel.stop_like(-15), T)},
+    "healthkit.lowlevel.check_bool": {
+        "value": Case(lambda e: lowlevel.check_bool(1, "flag"), T, "flag")
+    },
+    "healthkit.lowlevel.check_bound": {
+        "value": Case(lambda e: lowlevel.check_bound(0, "bound"), named="bound")
+    },
+    "healthkit.lowlevel.check_callable": {
+        "value": Case(lambda e: lowlevel.check_callable(5, "fn"), T, "fn")
+    },
+    "healthkit.lowlevel.check_choice": {
+        "value": Case(lambda e: lowlevel.check_choice("c", ("a", "b"), "mode"), named="mode")
+    },
+    "healthkit.lowlevel.check_exit_code": {
+        "value": Case(lambda e: lowlevel.check_exit_code(0, "code"), named="code")
+    },
+    "healthkit.lowlevel.check_int": {
+        "value": Case(lambda e: lowlevel.check_int(0, "n", minimum=1), named="n")
+    },
+    "healthkit.lowlevel.check_seconds": {
+        "value": Case(lambda e: lowlevel.check_seconds(None, "wait"), named="wait")
+    },
+    "healthkit.lowlevel.check_timeout": {
+        "value": Case(lambda e: lowlevel.check_timeout(-1, "wait"), named="wait")
+    },
+    "healthkit.lowlevel.renamed_argument": {
+        "old_value": Case(
+            lambda e: lowlevel.renamed_argument("term_timeout", -1.0, "kill_after", 5.0, 5.0),
+            named="term_timeout",
+        ),
+        "new_value": Case(
+            lambda e: lowlevel.renamed_argument("term_timeout", 1.0, "kill_after", 2.0, 5.0),
+            named="term_timeout",
+            label="both",
+        ),
+    },
+    "healthkit.lowlevel.env_seconds": {
+        "name": Case(lambda e: lowlevel.env_seconds("", 5), T),
+        "default": Case(
+            lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 0),
+            named="default of $HEALTHKIT_TEST_X",
+        ),
+        "strict": Case(lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, strict="yes"), T),
+        "multiplier": Case(lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, multiplier=0)),
+    },
+    "healthkit.lowlevel.read_env_seconds": {
+        "name": Case(lambda e: lowlevel.read_env_seconds(None, 5), T),
+        "default": Case(
+            lambda e: lowlevel.read_env_seconds("HEALTHKIT_TEST_X", NAN),
+            named="default of $HEALTHKIT_TEST_X",
+        ),
+        "strict": Case(lambda e: lowlevel.read_env_seconds("HEALTHKIT_TEST_X", 5, strict=1), T),
+        "multiplier": Case(
+            lambda e: lowlevel.read_env_seconds("HEALTHKIT_TEST_X", 5, multiplier="3"), T
+        ),
+    },
+}
+
+#: Public callables that take no input from a caller: values healthkit builds and returns,
+#: errors it raises, enums and type aliases.
+CORE_EXEMPT = {
+    **{
+        f"healthkit.{n}": "a value healthkit returns"
+        for n in (
+            "Cause",
+            "Diagnosis",
+            "ExitStatus",
+            "HelperException",
+            "PartyReport",
+            "StopReport",
+        )
+    },
+    **{
+        f"healthkit.lowlevel.{n}": "a value healthkit returns"
+        for n in ("Decision", "ProcStat", "StopEpisode", "Verdict")
+    },
+    "healthkit.actions.Action": "a protocol (any callable taking a FailureEvent)",
+    "healthkit.lowlevel.OnCleanExit": "a type alias",
+    "healthkit.lowlevel.EnvValueWarning": "a warning category",
+    **{
+        f"healthkit.{n}": "an error (its pickling is tested above)"
+        for n in healthkit.__all__
+        if isinstance(getattr(healthkit, n), type)
+        and issubclass(getattr(healthkit, n), BaseException)
+    },
+}
+#: Arguments that configure a validator: given by the code that calls it, not by its user.
+CORE_EXEMPT_ARGUMENTS = {
+    f"healthkit.lowlevel.{fn}({arg})": "the validator's own configuration, given by code"
+    for fn, args in {
+        "check_bool": ["what"],
+        "check_bound": ["what"],
+        "check_callable": ["what"],
+        "check_choice": ["choices", "what"],
+        "check_exit_code": ["what"],
+        "check_int": ["what", "minimum", "maximum"],
+        "check_seconds": ["what"],
+        "check_timeout": ["what", "allow_none", "positive", "minimum"],
+        "renamed_argument": ["old_name", "new_name", "new_default"],
+    }.items()
+    for arg in args
+}
+
+
+def test_every_public_callable_has_a_row() -> None:
+    missing = missing_rows(PUBLIC_MODULES, CORE, CORE_EXEMPT, CORE_EXEMPT_ARGUMENTS)
+    assert not missing, f"public API without a bad-input row in CORE: {missing}"
+
+
+@pytest.mark.parametrize(("arg", "case"), cases(CORE))
+def test_bad_input_is_refused_at_the_call(arg: str, case: Case, env: Env) -> None:
+    check(arg, case, env)
+    assert env.child.poll() is None  # nothing was signalled on the way
