@@ -137,6 +137,10 @@ def flush_logging(log: logging.Logger | None = None) -> None:
     ``os._exit`` skips all buffered output; a diagnosis lost in a buffer is the one thing
     this library exists to print.
     """
+    if log is not None and not isinstance(log, logging.Logger):
+        raise InvalidArgumentTypeError(
+            f"log must be a logging.Logger or None, got {log!r}", "log"
+        )
     current: logging.Logger | None = log or logging.getLogger()
     seen: set[int] = set()
     while current is not None:

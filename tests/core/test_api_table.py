@@ -344,6 +344,15 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
             Case(lambda e: actions.raise_in_main_thread("SIGUSR1"), T),
         ],
     },
+    "healthkit.actions.raise_in_cell": {
+        "shell": Case(lambda e: actions.raise_in_cell(object()), T),
+        "signum": Case(
+            lambda e: actions.raise_in_cell(
+                type("Shell", (), {"events": None, "input_transformers_post": []})(),
+                signal.SIGKILL,
+            )
+        ),
+    },
     "healthkit.actions.write_torchelastic_error_file": {
         "path": Case(lambda e: actions.write_torchelastic_error_file(5), T),
     },
@@ -381,6 +390,9 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     "healthkit.lowlevel.die_with_parent": {
         "parent_pid": Case(lambda e: lowlevel.die_with_parent("1"), T),
         "sig": Case(lambda e: lowlevel.die_with_parent(os.getppid(), sig=99999)),
+    },
+    "healthkit.lowlevel.flush_logging": {
+        "log": Case(lambda e: lowlevel.flush_logging("healthkit"), T),  # type: ignore[arg-type]
     },
     "healthkit.lowlevel.dump_stacks": {
         "directory": Case(lambda e: lowlevel.dump_stacks(5, []), T),
