@@ -79,7 +79,9 @@ __all__ = [
     "may_be_taking_stop",
     "note_stop",
     "pending_stop",
+    "start_without_signals",
     "subscribe",
+    "take_signals_again",
     "unsubscribe",
 ]
 
@@ -202,6 +204,45 @@ class HandlerWatch:
         if threads is None:
             return False
         return any(state in ("R", "D") for tid, (state, _) in threads.items() if tid != besides)
+
+
+#: Signals healthkit's own threads never take: every signal but the ones a fault raises in
+#: the faulting thread (those cannot be redirected) and the two that cannot be blocked.
+_NOT_FOR_OUR_THREADS: Final = frozenset(signal.valid_signals()) - {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGABRT,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+}
+
+
+def start_without_signals(thread: threading.Thread) -> None:
+    """Start ``thread`` with the process's signals blocked in it from birth.
+
+    The kernel gives a signal sent to the process to any thread that does not block it.
+    Python runs handlers in the main thread only, and a signal taken by another thread
+    does not interrupt what the main thread waits in (``time.sleep``, a ``select``): a
+    SIGTERM taken by one of healthkit's threads could wait a whole sleep before its handler
+    ran. Blocked from birth (inherited from the creating thread, which blocks them for the
+    moment of the start), the thread's mask is the same whenever :class:`HandlerWatch` first
+    sees it, so it never looks like a handler running.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _NOT_FOR_OUR_THREADS)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def take_signals_again() -> None:
+    """In a thread started by :func:`start_without_signals`, before it runs the
+    application's code (a watchdog's actions): what that code starts inherits a normal mask."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _NOT_FOR_OUR_THREADS)
 
 
 class _Listener:
@@ -329,7 +370,7 @@ def install() -> bool:
         listener.handlers.learn()
         _listener = listener
         signal.set_wakeup_fd = _set_wakeup_fd
-        listener.thread.start()
+        start_without_signals(listener.thread)
         if not _at_fork_registered:
             os.register_at_fork(after_in_child=_reset_in_child)
             _at_fork_registered = True

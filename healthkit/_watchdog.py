@@ -379,7 +379,7 @@ class DisarmableWatchdog:
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
             )
-            self._thread.start()
+            _stopsignals.start_without_signals(self._thread)
             return self
 
     def _for_interactive_shell(self) -> None:
@@ -656,6 +656,8 @@ class DisarmableWatchdog:
         self._run_actions(FailureEvent(explain, self.name, brief=brief))
 
     def _run_actions(self, event: FailureEvent) -> None:
+        if threading.current_thread() is self._thread:
+            _stopsignals.take_signals_again()  # what an action starts gets a normal mask
         try:
             for action in self.actions:
                 try:

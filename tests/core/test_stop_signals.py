@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,58 @@ def test_note_stop_begins_an_episode_that_ends_after_the_grace() -> None:
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
     )
     assert proc.stdout.split() == ["SIGTERM", "None"], proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_healthkits_threads_never_take_the_processs_signals(mode: str, tmp_path: Path) -> None:
+    """A signal sent to the process goes to a thread that does not block it, and Python runs
+    handlers in the main thread only: taken by one of healthkit's threads, a SIGTERM would
+    wait out whatever the main thread sleeps in. Its threads block every redirectable signal
+    from birth (checked in /proc: the mask the kernel uses); the main thread blocks none.
+    The twin: an action's child starts with a normal mask, and so does the process's main
+    thread after arm()."""
+    code = f"""
+        import multiprocessing as mp, os, signal, subprocess, sys, threading, time
+        import healthkit
+        from healthkit._proc import read_threads
+
+        def child_mask(event):
+            out = subprocess.run(["grep", "SigBlk", "/proc/self/status"], capture_output=True,
+                                 text=True).stdout.split()[1]
+            open({str(tmp_path / "child")!r}, "w").write(out)
+
+        p = mp.get_context("fork").Process(target=time.sleep, args=(600,), daemon=True)
+        p.start()
+        # the sidecar acts itself
+        extra = dict(actions=[child_mask]) if {mode!r} == "thread" else {{}}
+        wd = healthkit.DisarmableWatchdog([p], mode={mode!r}, **extra)
+        wd.arm()
+        threads = read_threads(os.getpid())
+        names = {{t.native_id: t.name for t in threading.enumerate()}}
+        for tid, (state, mask) in sorted(threads.items()):
+            print(names.get(tid, "?"), tid == threading.main_thread().native_id, mask)
+        sys.stdout.flush()
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        deadline = time.monotonic() + 30
+        while {mode!r} == "thread" and not os.path.exists({str(tmp_path / "child")!r}):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        wd.disarm()
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == (0 if mode == "thread" else -signal.SIGTERM), proc.stderr
+    rows = [line.rsplit(" ", 2) for line in proc.stdout.splitlines()]
+    main = [int(mask) for _, is_main, mask in rows if is_main == "True"]
+    ours = {name: int(mask) for name, is_main, mask in rows if is_main == "False"}
+    assert main == [0], proc.stdout
+    assert "healthkit stop listener" in ours, proc.stdout
+    assert any(name.endswith("(thread)") for name in ours), proc.stdout
+    for name, mask in ours.items():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD):
+            assert mask >> (sig - 1) & 1, (name, sig, hex(mask))
+        assert not mask >> (signal.SIGSEGV - 1) & 1, name
+    if mode == "thread":
+        assert int((tmp_path / "child").read_text(), 16) == 0  # an action's child: normal
