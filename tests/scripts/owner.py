@@ -213,7 +213,13 @@ def main() -> None:
         # client call blocked against a dead server.
         ctypes.PyDLL(None).sleep(int(args.gil_held_sleep))
         print("GIL RELEASED", flush=True)
-    time.sleep(60)
+    # Short sleeps, as a real main thread runs Python code between its waits: a signal that
+    # arrives after the interpreter's last check and before the sleep's system call is taken
+    # by CPython's C handler, and the Python handler runs only when the sleep returns (one
+    # 60 s sleep made a SIGTERM sent right after READY wait 60 s, about 1 run in 80).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
     print("NOT REACHED", flush=True)
 
 
