@@ -770,7 +770,7 @@ def _fault_section() -> list[str]:
         "- *sampler factory raises*: timed from the raise (the worker puts the time in its "
         "message); the raiser exits at once, without shutting its RPC agent down first;",
         "- *`shutdown()` during an epoch*: the workers are parked in `send()` and cannot read "
-        "the stop request; they are SIGTERMed after `stop_timeout` and exit 0 through "
+        "the stop request; they are SIGTERMed after `grace` and exit 0 through "
         "torch's handler, so nothing is raised (the error column says `none`).",
         "",
     ]

@@ -14,7 +14,7 @@ import os
 import signal
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     from healthkit._diagnosis import Diagnosis
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 MAX_TIMEOUT_S: Final = (2**31 - 1) // 1000
 #: The largest pid Linux can ever hand out (``PID_MAX_LIMIT``, 2**22 on 64-bit kernels).
 PID_MAX_LIMIT: Final = 1 << 22
+
+#: A duration argument's type: seconds, or ``None`` where ``None`` means "the default".
+_Seconds = TypeVar("_Seconds", float, "float | None")
 
 
 def _rebuild(
@@ -215,18 +218,25 @@ def check_positive_number(value: object, what: str) -> float:
 
 
 def renamed_argument(
-    old_name: str, old_value: float | None, new_name: str, new_value: float, new_default: float
-) -> float:
+    old_name: str,
+    old_value: float | None,
+    new_name: str,
+    new_value: _Seconds,
+    new_default: _Seconds,
+    *,
+    meaning: str = "from SIGTERM to SIGKILL",
+) -> _Seconds:
     """The value of a duration argument renamed to ``new_name``, given under either name.
 
-    The old keyword keeps working for one release with a :class:`DeprecationWarning`; both at
-    once (the new one not at its default) is refused, since one of them would be ignored.
+    The old keyword keeps working for one release with a :class:`DeprecationWarning` that
+    says what the seconds are (``meaning``); both at once (the new one not at its default,
+    which may be ``None``) is refused, since one of them would be ignored.
     """
     if old_value is None:
         return new_value
     warnings.warn(
         f"{old_name}= is deprecated and will be removed in the next release: "
-        f"pass {new_name}= (the same seconds from SIGTERM to SIGKILL)",
+        f"pass {new_name}= (the same seconds {meaning})",
         DeprecationWarning,
         stacklevel=3,
     )

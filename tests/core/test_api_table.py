@@ -504,7 +504,7 @@ CORE_EXEMPT_ARGUMENTS = {
         "check_int": ["what", "minimum", "maximum"],
         "check_seconds": ["what"],
         "check_timeout": ["what", "allow_none", "positive", "minimum"],
-        "renamed_argument": ["old_name", "new_name", "new_default"],
+        "renamed_argument": ["old_name", "new_name", "new_default", "meaning"],
     }.items()
     for arg in args
 }

@@ -208,14 +208,14 @@ def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
     _result(outcome="built")
 
 
-def scenario_hk_shutdown_mid_epoch(stop_timeout: float = 0.5) -> None:
+def scenario_hk_shutdown_mid_epoch(grace: float = 0.5) -> None:
     """healthkit_glt: ``shutdown()`` while both workers are parked in ``send()`` with the
     ring full (the consumer stopped reading mid-epoch): STOP cannot be read, so the
     teardown escalates; every step must be logged at WARNING and the segment released with
     the loader still referenced."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     fx.init_single_process_context()
-    loader = _hk_loader(fx.build_dataset(), stop_timeout=stop_timeout, kill_after=5.0)
+    loader = _hk_loader(fx.build_dataset(), grace=grace, kill_after=5.0)
     workers = loader.producer.workers
     it = iter(loader)
     held = fx.clone_batch(next(it))  # a clone: no view into the ring outlives the shutdown

@@ -104,8 +104,8 @@ GLT: dict[str, dict[str, Case | list[Case]]] = {
         "rpc_init_timeout": Case(lambda e: _producer(rpc_init_timeout=0)),
         "steady_state_rpc_timeout": Case(lambda e: _producer(steady_state_rpc_timeout=NAN)),
         "init_timeout_multiplier": Case(lambda e: _producer(init_timeout_multiplier=-3)),
-        "stop_timeout": [Case(lambda e: _producer(stop_timeout="10"), T),
-                         Case(lambda e: _producer(stop_timeout=-1))],
+        "grace": [Case(lambda e: _producer(grace="10"), T),
+                  Case(lambda e: _producer(grace=-1))],
         "kill_after": Case(lambda e: _producer(kill_after=math.inf)),
         "init_failure_grace": Case(lambda e: _producer(init_failure_grace=None)),
         "receiver": Case(lambda e: _producer(receiver="fast")),
@@ -113,12 +113,16 @@ GLT: dict[str, dict[str, Case | list[Case]]] = {
         "worker_extra": Case(lambda e: _producer(worker_extra=[1]), T),
         "strict_env": Case(lambda e: _producer(strict_env="yes"), T),
         "kill_timeout": Case(lambda e: _producer(kill_timeout=-1)),
+        "stop_timeout": [Case(lambda e: _producer(stop_timeout="10"), T),
+                         Case(lambda e: _producer(stop_timeout=-1)),
+                         Case(lambda e: _producer(stop_timeout=1.0, grace=2.0), label="both")],
     },
     "healthkit_glt.DistNeighborLoader": {
         "producer_cls": Case(lambda e: _loader(producer_cls=5), T),
         "producer_kwargs": [
-            Case(lambda e: _loader(stop_timout=5), T, "stop_timout", label="unknown"),
-            Case(lambda e: _loader(stop_timeout=-1), named="stop_timeout", label="value"),
+            Case(lambda e: _loader(grace_period=5), T, "grace_period", label="unknown"),
+            Case(lambda e: _loader(grace=-1), named="grace", label="value"),
+            Case(lambda e: _loader(stop_timeout=-1), named="stop_timeout", label="old-name"),
             Case(lambda e: _loader(fetch_wait=1.0), T, "fetch_wait", label="remote-only"),
         ],
     },
@@ -303,3 +307,64 @@ def test_kill_timeout_is_the_old_name_of_kill_after() -> None:
         producer.shutdown()
     del producer, channel
     gc.collect()
+
+
+@pytest.mark.timeout(60)
+def test_stop_timeout_is_the_old_name_of_grace() -> None:
+    """The wait from the stop request to SIGTERM is ``grace``, as in ``healthkit.stop()``:
+    the old keyword (constructor and ``shutdown()``) and attribute still work, and warn.
+    That the old keyword reaches the teardown of running workers:
+    test_healthkit_glt.py::test_shutdown_takes_grace_under_its_old_name_stop_timeout."""
+    import torch
+    from graphlearn_torch.channel import ShmChannel
+    from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
+
+    fx.init_single_process_context()
+    channel = ShmChannel(2, "1MB")
+    config = SamplingConfig(SamplingType.NODE, [5, 5], 64, True, False, False, True,
+                            with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
+    args = (fx.build_dataset(), NodeSamplerInput(node=torch.arange(10)), config,
+            fx.make_worker_options(), channel)  # fmt: skip
+    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace=.*stop req"):
+        producer = hg.DistSamplingProducer(*args, stop_timeout=3.0)
+    assert producer.grace == 3.0
+    with pytest.warns(DeprecationWarning, match="stop_timeout is deprecated: read grace"):
+        assert producer.stop_timeout == 3.0
+    with pytest.warns(DeprecationWarning), pytest.raises(hk.InvalidArgumentError) as info:
+        producer.shutdown(stop_timeout=1.0, grace=2.0)  # one of them would be ignored
+    assert info.value.argument == "stop_timeout"
+    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
+        producer.shutdown(stop_timeout=0.5)
+    with pytest.raises(hk.InvalidArgumentError) as info:
+        producer.shutdown(grace=-1)  # refused at the call, also once shut down
+    assert info.value.argument == "grace"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        producer = hg.DistSamplingProducer(*args, grace=4.0)
+        assert producer.grace == 4.0
+        producer.shutdown(grace=0.5)
+    del producer, channel, args, info  # the tracebacks hold this frame, and so the dataset
+    gc.collect()
+
+
+def test_release_producer_takes_grace_and_its_old_name() -> None:
+    """Checked and mapped before the server is touched: shown on a bare instance."""
+    server = object.__new__(hg.DistServer)
+    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
+        with pytest.raises(hk.InvalidArgumentError) as info:
+            server.release_producer(0, "token", stop_timeout=-1)
+    assert info.value.argument == "stop_timeout"
+    with pytest.raises(hk.InvalidArgumentError) as info:
+        server.release_producer(0, "token", grace=math.nan)
+    assert info.value.argument == "grace"
+
+
+def test_a_client_override_replaces_a_server_default_under_either_name() -> None:
+    from healthkit_glt._producer import merge_producer_kwargs
+
+    server = {"stop_timeout": 5.0, "kill_after": 3.0, "recv_poll_ms": 100}
+    assert merge_producer_kwargs(server, {"grace": 1.0, "kill_timeout": 2.0}) == {
+        "grace": 1.0, "kill_timeout": 2.0, "recv_poll_ms": 100}  # fmt: skip
+    assert merge_producer_kwargs(server, {"stop_timeout": 1.0}) == {
+        "stop_timeout": 1.0, "kill_after": 3.0, "recv_poll_ms": 100}  # fmt: skip
+    assert merge_producer_kwargs(server, {}) == server

@@ -564,7 +564,7 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     assert producer.failure is None
     assert producer._report_flag[0] == 0  # the clean path: no worker reported anything
     assert _segments_of(os.getpid()) == before  # released by shutdown(), loader referenced
-    assert shutdown_s < producer.stop_timeout + 2 * producer.kill_after
+    assert shutdown_s < producer.grace + 2 * producer.kill_after
     assert again_s < 0.1
     with pytest.raises(RuntimeError, match="shut down"):
         iter(loader)
@@ -608,6 +608,37 @@ def test_worker_reads_back_its_rpc_timeout_before_and_after_the_init_barrier(
     for rank in (0, 1):
         assert reports[rank] == {"before": rpc_init_timeout, "after": expected_after}
     del loader
+    gc.collect()
+
+
+@pytest.mark.timeout(IN_PROCESS_TIMEOUT_S, method="thread")
+def test_shutdown_takes_grace_under_its_old_name_stop_timeout(
+    glt_context: None, guard: None, stop_resource_sharer: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``stop_timeout=`` (the deprecated name of ``grace``, the wait from STOP to SIGTERM)
+    still reaches the teardown of running workers: a grace shorter than GLT's 1 s loop
+    shutdown is logged as the escalation it is, with the value given."""
+    before = _segments_of(os.getpid())
+    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
+        loader = fx.build_loader(fx.build_dataset(), fx.make_worker_options(),
+                                 loader_cls=hg.DistNeighborLoader, stop_timeout=7.0)  # fmt: skip
+    producer = loader.producer
+    workers = producer.workers
+    try:
+        assert producer.grace == 7.0
+        with pytest.warns(DeprecationWarning, match="read grace"):
+            assert producer.stop_timeout == 7.0
+        with (
+            caplog.at_level("WARNING", logger="healthkit.glt"),
+            pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="),
+        ):
+            producer.shutdown(stop_timeout=0.001)
+    finally:
+        loader.shutdown()  # idempotent; the teardown if an assertion above failed
+    assert "did not end within 0.001s of the stop request; sending SIGTERM" in caplog.text
+    assert [w.exitcode for w in workers] == [0, 0]  # torch's SIGTERM handler: exit 0
+    assert _segments_of(os.getpid()) == before
+    del loader, producer, workers
     gc.collect()
 
 
@@ -871,7 +902,7 @@ def test_worker_sigkilled_after_arriving_at_the_barrier_fails_the_loader_in_mill
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_shutdown_during_an_epoch_logs_its_escalation_at_warning_and_releases_the_segment() -> None:
     """Both workers are parked in ``send()`` on a full ring and cannot read STOP: after
-    ``stop_timeout`` they get SIGTERM and exit 0 through torch's handler, so the WARNING
+    ``grace`` they get SIGTERM and exit 0 through torch's handler, so the WARNING
     line is the only trace of the escalation."""
     run = sc.run_scenario("hk-shutdown-mid-epoch", ["0.5"], timeout=150)
     assert run.returncode == 0, run.output

@@ -159,9 +159,11 @@ def test_every_exported_error_pickles_with_its_attributes() -> None:
     assert isinstance(types.ModuleType, type)
 
 
-def test_stop_timeout_is_the_old_name_of_kill_after() -> None:
+def test_timeout_is_the_old_name_of_kill_after() -> None:
     """The keyword is mapped (and warned about) before the server is touched: shown here on
-    a bad value, which names the keyword as it was given."""
+    a bad value, which names the keyword as it was given. On a launched server:
+    test_launcher.py::test_stop_under_its_old_keyword_timeout_still_stops_a_launched_server.
+    ``wait_ready(timeout=)`` is not renamed: it bounds the wait for readiness."""
     unlaunched = object.__new__(hkgl.SamplerServer)
     with pytest.warns(DeprecationWarning, match="timeout= is deprecated.*kill_after="):
         with pytest.raises(hk.InvalidArgumentError, match="timeout") as info:

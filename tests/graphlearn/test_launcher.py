@@ -77,6 +77,33 @@ def test_stop_disarms_first_so_ending_the_server_is_never_a_crash(
     assert alarms(err) == [], err[-3000:]
 
 
+def test_stop_under_its_old_keyword_timeout_still_stops_a_launched_server(
+    tmp_path: Path,
+) -> None:
+    """``timeout=`` is the deprecated name of ``kill_after``: on a real, launched server it
+    warns, is refused beside ``kill_after=`` before anything is signalled, and alone it is
+    the wait before SIGKILL (the server is SIGSTOPped, so SIGTERM cannot end it; the default
+    would be 10 s)."""
+    rc, out, err = run_owner(tmp_path, "stop-old-name")
+    assert rc == 0, err[-3000:]
+    res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
+    assert res["both_refused"] == "timeout" and res["alive_after_refusal"]
+    deprecations = [w for w in res["warnings"] if w.startswith("DeprecationWarning: ")]
+    assert len(deprecations) == 2, res["warnings"]
+    assert all("timeout= is deprecated" in w and "pass kill_after=" in w for w in deprecations)
+    assert res["stop_exitcode"] == -signal.SIGKILL
+    assert 1.0 <= res["stop_s"] < 8.0, res["stop_s"]
+    assert pid_gone(res["server_pid"])
+    # The escalation is logged, and it is the only healthkit warning: the watchdog was
+    # disarmed first, so the SIGKILL is not reported as a crash.
+    [escalation] = alarms(err)
+    assert re.match(
+        rf"WARNING healthkit: graphlearn sampler server 0 .*\[{res['server_pid']}\] ignored "
+        r"SIGTERM for 1s; sending SIGKILL$",
+        escalation,
+    ), escalation
+
+
 def test_a_second_launch_returns_the_running_server_and_says_so(tmp_path: Path) -> None:
     rc, out, err = run_owner(tmp_path, "duplicate")
     assert rc == 0, err[-3000:]

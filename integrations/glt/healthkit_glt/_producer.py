@@ -102,6 +102,10 @@ __all__ = ["DistSamplingProducer", "SamplingError", "SamplingWorkerDiedError"]
 logger = logging.getLogger("healthkit.glt")
 
 INIT_ABORT_GRACE_S = 0.05
+#: What ``grace`` is, for the warning about its deprecated name ``stop_timeout``.
+GRACE_MEANING = "from the stop request to SIGTERM"
+#: Deprecated producer arguments and the names that replaced them.
+RENAMED_ARGUMENTS = {"stop_timeout": "grace", "kill_timeout": "kill_after"}
 
 
 class SamplingWorkerDiedError(ProcessDiedError):
@@ -170,7 +174,7 @@ def _check_arguments(
     rpc_init_timeout: object = None,
     steady_state_rpc_timeout: object = None,
     init_timeout_multiplier: object = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
-    stop_timeout: object = 10.0,
+    grace: object = 10.0,
     kill_after: object = 5.0,
     init_failure_grace: object = 2.0,
     receiver: object = "auto",
@@ -178,11 +182,14 @@ def _check_arguments(
     worker_extra: object = None,
     strict_env: object = False,
     kill_timeout: object = None,
+    stop_timeout: object = None,
 ) -> tuple[float, float, float]:
     """The producer's own keyword arguments, checked (the shutdown bounds returned)."""
     if kill_timeout is not None:
         kill_after = check_seconds(kill_timeout, "kill_timeout")
-    stop_s = check_seconds(stop_timeout, "stop_timeout")
+    if stop_timeout is not None:
+        grace = check_seconds(stop_timeout, "stop_timeout")
+    grace_s = check_seconds(grace, "grace")
     kill_s = check_seconds(kill_after, "kill_after")
     init_failure_s = check_seconds(init_failure_grace, "init_failure_grace")
     check_callable(sampler_factory, "sampler_factory")
@@ -201,7 +208,23 @@ def _check_arguments(
             f"worker_extra must be a dict or None, got {worker_extra!r}", "worker_extra"
         )
     check_bool(strict_env, "strict_env")
-    return stop_s, kill_s, init_failure_s
+    return grace_s, kill_s, init_failure_s
+
+
+def merge_producer_kwargs(
+    defaults: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``defaults`` (a server's) overridden by ``overrides`` (a client's). An override of a
+    renamed argument, under either name, replaces the default under both: a server started
+    with ``stop_timeout=`` and a client passing ``grace=`` is one value, not two."""
+    merged = dict(defaults)
+    for name in overrides:
+        for old, new in RENAMED_ARGUMENTS.items():
+            if name in (old, new):
+                merged.pop(old, None)
+                merged.pop(new, None)
+    merged.update(overrides)
+    return merged
 
 
 def check_producer_kwargs(kwargs: object, producer_cls: object = None) -> None:
@@ -249,10 +272,10 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       ``$HEALTHKIT_GLT_STEADY_STATE_RPC_TIMEOUT_SECONDS`` or ``worker_options.rpc_timeout``).
     - ``init_timeout_multiplier``: ``k``; the init barrier's bound is ``k x rpc_init_timeout``
       (default 3, as GiGL).
-    - ``stop_timeout`` / ``kill_after``: shutdown's bounds: STOP then wait up to
-      ``stop_timeout``; then SIGTERM and wait up to ``kill_after``; then SIGKILL (and up to
-      ``kill_after`` more for the kernel to end them). ``kill_timeout`` is the deprecated
-      name of ``kill_after``.
+    - ``grace`` / ``kill_after``: shutdown's bounds: STOP then wait up to ``grace``; then
+      SIGTERM and wait up to ``kill_after``; then SIGKILL (and up to ``kill_after`` more for
+      the kernel to end them), as :func:`healthkit.stop` names them. ``stop_timeout`` and
+      ``kill_timeout`` are their deprecated names.
     - ``receiver``: how ``recv()`` waits (see :mod:`healthkit_glt._receive`): ``"auto"``
       (default) reads GLT's ShmChannel ring directly and falls back, with a warning, to a
       helper thread for other channels; ``"ring"`` requires the ring (raises
@@ -279,7 +302,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         rpc_init_timeout: float | None = None,
         steady_state_rpc_timeout: float | None = None,
         init_timeout_multiplier: float = DEFAULT_INIT_TIMEOUT_MULTIPLIER,
-        stop_timeout: float = 10.0,
+        grace: float = 10.0,
         kill_after: float = 5.0,
         init_failure_grace: float = 2.0,
         receiver: ReceiverMode = "auto",
@@ -287,17 +310,21 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         worker_extra: dict[str, Any] | None = None,
         strict_env: bool = False,
         kill_timeout: float | None = None,
+        stop_timeout: float | None = None,
     ) -> None:
         # Every argument is checked before anything starts: a bad one fails here, naming
         # itself, not inside shutdown() or a worker.
         kill_after = renamed_argument("kill_timeout", kill_timeout, "kill_after", kill_after, 5.0)
-        stop_s, kill_s, init_failure_s = _check_arguments(
+        grace = renamed_argument(
+            "stop_timeout", stop_timeout, "grace", grace, 10.0, meaning=GRACE_MEANING
+        )
+        grace_s, kill_s, init_failure_s = _check_arguments(
             sampler_factory=sampler_factory,
             worker_loop=worker_loop,
             rpc_init_timeout=rpc_init_timeout,
             steady_state_rpc_timeout=steady_state_rpc_timeout,
             init_timeout_multiplier=init_timeout_multiplier,
-            stop_timeout=stop_timeout,
+            grace=grace,
             kill_after=kill_after,
             init_failure_grace=init_failure_grace,
             receiver=receiver,
@@ -335,7 +362,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self.sampling_completed_worker_count = self._ctx.Value("I", lock=True)
         self.sampler_factory = sampler_factory
         self.worker_loop = worker_loop
-        self.stop_timeout = stop_s
+        self.grace = grace_s
         self.kill_after = kill_s
         self.init_failure_grace = init_failure_s
         self.receiver: ReceiverMode = receiver
@@ -450,7 +477,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             with contextlib.suppress(Exception):
                 self._workers[rank].terminate()
         self._shutdown = True
-        self._teardown(stop_grace=self.init_failure_grace, send_stop=False, cleanup=False)
+        self._teardown(grace=self.init_failure_grace, send_stop=False, cleanup=False)
 
     def _with_worker_tracebacks(self, e: BarrierBrokenError) -> BarrierBrokenError:
         """The same error, headed by the worker that raised (if one did), plus the traceback
@@ -570,7 +597,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         )
         self._failure = err
         self._shutdown = True
-        self._teardown(stop_grace=0.0, send_stop=False)
+        self._teardown(grace=0.0, send_stop=False)
         return err
 
     def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError:
@@ -598,30 +625,32 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._failure = err
         # Survivors are usually parked in ShmChannel.send() and will never read STOP.
         self._shutdown = True
-        self._teardown(stop_grace=0.0, send_stop=False)
+        self._teardown(grace=0.0, send_stop=False)
         return err
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self, stop_timeout: float | None = None) -> None:
+    def shutdown(self, grace: float | None = None, *, stop_timeout: float | None = None) -> None:
         """Stop every worker, in bounded time; idempotent; safe after a failed init.
 
-        STOP, then one shared join of ``stop_timeout`` (default: the constructor's), then
+        STOP, then one shared join of ``grace`` (default: the constructor's), then
         SIGTERM and ``kill_after``, then SIGKILL and ``kill_after``. Watching stops
         first, so a worker ending during the teardown is never reported as a failure.
-        ``stop_timeout=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
-        parked in ``send()`` would never read STOP).
+        ``grace=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
+        parked in ``send()`` would never read STOP). ``stop_timeout`` is the deprecated
+        name of ``grace``.
         """
+        grace = renamed_argument(
+            "stop_timeout", stop_timeout, "grace", grace, None, meaning=GRACE_MEANING
+        )
+        if grace is not None:
+            grace = check_seconds(grace, "grace")
         if getattr(self, "_shutdown", True):
             return
-        grace = (
-            self.stop_timeout
-            if stop_timeout is None
-            else check_seconds(stop_timeout, "stop_timeout")
-        )
+        grace_s = self.grace if grace is None else grace
         self._shutdown = True
-        self._teardown(stop_grace=grace, send_stop=grace > 0)
+        self._teardown(grace=grace_s, send_stop=grace_s > 0)
 
-    def _teardown(self, *, stop_grace: float, send_stop: bool, cleanup: bool = True) -> None:
+    def _teardown(self, *, grace: float, send_stop: bool, cleanup: bool = True) -> None:
         _live_producers.discard(self)
         receiver, self._receiver = self._receiver, None
         if receiver is not None:
@@ -641,7 +670,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             stop(
                 workers,
                 request=send_stop_commands if send_stop else None,
-                grace=stop_grace,
+                grace=grace,
                 kill_after=self.kill_after,
                 kill_timeout=self.kill_after,
                 name="sampling workers",
@@ -674,6 +703,16 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self._error_dir is not None:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
+
+    @property
+    def stop_timeout(self) -> float:
+        """Deprecated name of ``grace``."""
+        warnings.warn(
+            "DistSamplingProducer.stop_timeout is deprecated: read grace",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.grace
 
     @property
     def kill_timeout(self) -> float:

@@ -39,14 +39,22 @@ from graphlearn_torch.distributed import DistServer as _GLTDistServer
 from graphlearn_torch.sampler import RemoteSamplerInput
 
 from healthkit import BarrierBrokenError, InvalidArgumentTypeError
-from healthkit.lowlevel import check_bool, check_bound, check_int
+from healthkit.lowlevel import (
+    check_bool,
+    check_bound,
+    check_int,
+    check_seconds,
+    renamed_argument,
+)
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import (
+    GRACE_MEANING,
     DistSamplingProducer,
     SamplingError,
     SamplingWorkerDiedError,
     check_producer_kwargs,
+    merge_producer_kwargs,
 )
 from healthkit_glt._remote_errors import ServerFailure, ServerHello
 from healthkit_glt._version import __version__
@@ -159,7 +167,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             buffer = ShmChannel(worker_options.buffer_capacity, worker_options.buffer_size)
             producer = DistSamplingProducer(
                 self.dataset, sampler_input, sampling_config, worker_options, buffer,
-                **{**self.producer_kwargs, **producer_kwargs},
+                **merge_producer_kwargs(self.producer_kwargs, producer_kwargs),
             )  # fmt: skip
             try:
                 producer.init()  # torn down by itself when it raises
@@ -239,10 +247,21 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             lock.release()
 
     def release_producer(
-        self, producer_id: int, token: str, stop_timeout: float | None = None
+        self,
+        producer_id: int,
+        token: str,
+        grace: float | None = None,
+        *,
+        stop_timeout: float | None = None,
     ) -> None:
         """The client with lease ``token`` is done with the producer; the last one out
-        shuts it down (``stop_timeout``: the grace after STOP, default the producer's)."""
+        shuts it down (``grace``: the wait after STOP, default the producer's;
+        ``stop_timeout`` is its deprecated name)."""
+        grace = renamed_argument(
+            "stop_timeout", stop_timeout, "grace", grace, None, meaning=GRACE_MEANING
+        )
+        if grace is not None:
+            grace = check_seconds(grace, "grace")
         with self._lock:
             owners = self._owners.get(producer_id)
             if owners is None:
@@ -250,7 +269,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             owners.discard(token)
             producer = self._pop_if_unowned(producer_id)
         if producer is not None:
-            producer.shutdown(stop_timeout)
+            producer.shutdown(grace)
 
     def destroy_sampling_producer(self, producer_id: int) -> None:
         """GLT's: shut the producer down whoever uses it (server shutdown, stock clients)."""
@@ -337,7 +356,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             try:
                 # Nobody reads the ring any more: workers parked in send() would never
                 # see STOP; SIGTERM ends them at once (they exit 0 through torch's handler).
-                self.release_producer(producer_id, token, stop_timeout=LEASE_END_GRACE_S)
+                self.release_producer(producer_id, token, grace=LEASE_END_GRACE_S)
             except Exception:
                 logger.exception("releasing sampling producer %d", producer_id)
 
