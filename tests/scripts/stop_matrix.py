@@ -307,11 +307,15 @@ def _print(res: CellResult) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``stop_matrix.py RUNS LONG_RUNS OUT.json``: every cell, RUNS runs (LONG_RUNS for the
-    10 s cleanup cells); writes the counts and prints one line per cell."""
+    """``stop_matrix.py RUNS LONG_RUNS OUT.json [FIELD=VALUE ...]``: every cell (or those whose
+    fields match every FIELD=VALUE, e.g. ``how=group mode=sidecar``), RUNS runs (LONG_RUNS
+    for the 10 s cleanup cells); writes the counts and prints one line per cell."""
     runs, long_runs, out = int(argv[0]), int(argv[1]), argv[2]
+    wanted = dict(arg.split("=", 1) for arg in argv[3:])
     results = []
-    cells = all_cells()
+    cells = [
+        c for c in all_cells() if all(str(getattr(c, k)) == v for k, v in wanted.items())
+    ]
     for cell in cells:
         if cell.cleanup >= 10:
             continue

@@ -97,6 +97,36 @@ def test_dead_helper_ends_the_job_in_seconds_with_the_root_cause(mode: str) -> N
     assert "traceback : healthkit watchdog" in root
 
 
+#: how the helper ends -> what torchrun's root cause must say about it
+FAULTS = {
+    "segfault": "was killed by SIGSEGV",
+    "abort": "was killed by SIGABRT",
+    "exit3": "exited with code 3",
+    "exit0": "exited with code 0 while it was expected to run until disarmed",
+    "sigterm": "was killed by SIGTERM",
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_every_fault_of_a_helper_is_named_in_torchruns_root_cause(fault: str) -> None:
+    """The fault matrix under torchrun (SIGKILL and an exception have their own tests above
+    and below): each way a helper ends reaches the launcher's summary, as the helper's own
+    cause, with rank 0 named, in seconds rather than the collective timeout."""
+    dies = [] if fault == "sigterm" else ["--helper-dies", fault]
+    job = Launch("--healthkit", *dies)
+    helper = job.wait_for_helper()
+    if fault == "sigterm":  # the helper alone, as an admin's kill or an OOM handler would
+        time.sleep(1)
+        os.kill(helper, signal.SIGTERM)
+    rc, out, elapsed = job.finish(timeout=120)
+    assert rc != 0
+    assert elapsed < 90, out  # not the collective timeout (600 s here)
+    root = out[out.index("Root Cause") :]
+    assert re.search(r"rank\s*: 0", root), root
+    assert f"sampler-server (pid {helper}) {FAULTS[fault]}" in root, root
+
+
 @pytest.mark.timeout(240)
 def test_without_healthkit_the_same_job_hangs_until_the_collective_timeout() -> None:
     timeout = 20
