@@ -6,6 +6,7 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,3 +38,14 @@ def fixture_tree(tmp_path: Path) -> Iterator[Path]:
     dst = tmp_path / "fixtures"
     shutil.copytree(FIXTURES, dst)
     yield dst
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that sleeps until the test ends it (a real pid to watch, stop or refuse)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)

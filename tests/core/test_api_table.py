@@ -40,16 +40,6 @@ from healthkit.actions import FailureEvent
 pytestmark = pytest.mark.security
 
 
-@pytest.fixture
-def child() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(30)
-
-
 # ----------------------------------------------------------------------------- deprecated
 @pytest.mark.parametrize(
     "old", ["InvalidTimeoutError", "InvalidExitCodeError", "InvalidEnvValueError"]

@@ -45,16 +45,6 @@ ENV = "HEALTHKIT_TEST_BOUND_SECONDS"
 
 
 @pytest.fixture
-def child() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(30)
-
-
-@pytest.fixture
 def watch(child: subprocess.Popen[bytes]) -> Iterator[ProcessWatch]:
     with ProcessWatch(child) as w:
         yield w

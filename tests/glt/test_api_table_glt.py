@@ -282,8 +282,8 @@ def issubclass_(obj: object, cls: type) -> bool:
     return isinstance(obj, type) and issubclass(obj, cls)
 
 
-@pytest.mark.timeout(60)
-def test_kill_timeout_is_the_old_name_of_kill_after() -> None:
+def _producer_args() -> tuple[Any, tuple[Any, ...]]:
+    """A ring and the positional arguments of a small DistSamplingProducer over it."""
     import torch
     from graphlearn_torch.channel import ShmChannel
     from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
@@ -294,6 +294,12 @@ def test_kill_timeout_is_the_old_name_of_kill_after() -> None:
                             with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
     args = (fx.build_dataset(), NodeSamplerInput(node=torch.arange(10)), config,
             fx.make_worker_options(), channel)  # fmt: skip
+    return channel, args
+
+
+@pytest.mark.timeout(60)
+def test_kill_timeout_is_the_old_name_of_kill_after() -> None:
+    channel, args = _producer_args()
     with pytest.warns(DeprecationWarning, match="kill_timeout= is deprecated.*kill_after="):
         producer = hg.DistSamplingProducer(*args, kill_timeout=3.0)
     assert producer.kill_after == 3.0
@@ -315,16 +321,7 @@ def test_stop_timeout_is_the_old_name_of_grace() -> None:
     the old keyword (constructor and ``shutdown()``) and attribute still work, and warn.
     That the old keyword reaches the teardown of running workers:
     test_healthkit_glt.py::test_shutdown_takes_grace_under_its_old_name_stop_timeout."""
-    import torch
-    from graphlearn_torch.channel import ShmChannel
-    from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
-
-    fx.init_single_process_context()
-    channel = ShmChannel(2, "1MB")
-    config = SamplingConfig(SamplingType.NODE, [5, 5], 64, True, False, False, True,
-                            with_neg=False, with_weight=False, edge_dir="out", seed=1)  # fmt: skip
-    args = (fx.build_dataset(), NodeSamplerInput(node=torch.arange(10)), config,
-            fx.make_worker_options(), channel)  # fmt: skip
+    channel, args = _producer_args()
     with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace=.*stop req"):
         producer = hg.DistSamplingProducer(*args, stop_timeout=3.0)
     assert producer.grace == 3.0
