@@ -33,11 +33,24 @@ from healthkit.lowlevel import EnvValueWarning
 pytestmark = pytest.mark.glt
 
 RUN_TIMEOUT_S = 420  # a faults run takes 30-90 s here, more on a loaded machine
-TEST_TIMEOUT_S = 480
+TEST_TIMEOUT_S = 900  # a run that needed a second start-up (see _started)
+
+
+def _started(name: str, args: tuple[str, ...], netns: bool = False) -> Any:
+    """A scenario run, once more if a client never came up (before any fault): GLT's client
+    start-up over RPC fails now and then on this machine, stock and healthkit_glt alike
+    (about 1 run in 10 in the soak and here, cause not found); what is tested starts after it.
+    Said in the test's output, so a start-up that keeps failing is seen."""
+    run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
+    error = run.results[-1].get("error", "") if run.returncode == 0 and run.results else ""
+    if " not ready within " in error:
+        print(f"{name} {args}: {error}; running it once more", flush=True)
+        run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
+    return run
 
 
 def _run(name: str, *args: str, netns: bool = False) -> dict[str, Any]:
-    run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
+    run = _started(name, args, netns)
     assert run.returncode == 0, f"{run.stacks[-8000:]}\n{run.output[-8000:]}"
     r = run.result
     assert "error" not in r, f"{r}\n{run.output[-8000:]}"
@@ -204,7 +217,7 @@ def test_stock_glt_server_client_hangs_on_each_fault_and_leaks_workers() -> None
     client and a dead server each leave the clients waiting, or the workers running, for
     good (watched for ``HANG_S``, 5 s, each here; the RPC timeout, 180 s by default, only makes
     GLT log "broken future" and go on waiting)."""
-    run = ssc.run("faults", ("stock",), timeout=RUN_TIMEOUT_S)
+    run = _started("faults", ("stock",))
     assert run.returncode == 0 and run.survivors == [], run.output[-8000:]
     r = run.result
     assert "error" not in r, (r.get("error"), run.output[-4000:])
