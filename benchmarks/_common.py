@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import re
 import resource
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,17 +27,9 @@ TESTS_SCRIPTS = ROOT / "tests" / "scripts"
 if str(ROOT / "tests") not in sys.path:  # the test suite's shared helpers (free_port)
     sys.path.append(str(ROOT / "tests"))
 from testutil import free_port as free_port  # noqa: E402
+from testutil import portable_paths as portable_paths  # noqa: E402
 
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "sleep"
-
-
-def portable_paths(text: str) -> str:
-    """``text`` (a stack dump, a log) with this machine's paths made generic: the checkout's
-    own files relative to it, installed packages under ``<site-packages>/`` and the
-    standard library under ``<stdlib>/``, so a saved result names no machine's layout."""
-    text = re.sub(r"[^\s\"']*/site-packages/", "<site-packages>/", text)
-    text = text.replace(sysconfig.get_paths()["stdlib"] + "/", "<stdlib>/")
-    return text.replace(f"{ROOT}/", "")
 
 
 def now_ns() -> int:

@@ -59,12 +59,14 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "glt"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import fault_matrix  # noqa: E402
 import glt_fixtures as fx  # noqa: E402
 import glt_scenarios as sc  # noqa: E402
 import glt_server_scenarios as ssc  # noqa: E402
 from _protocol import RULES, Target, Verdict, judge_difference, mean_difference_ci  # noqa: E402
+from testutil import portable_paths  # noqa: E402
 
 from healthkit.lowlevel import descendants  # noqa: E402
 
@@ -1035,7 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
         path = SC_RESULTS.format(sc_res["glt"])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump(sc_res, f, indent=1)
+            f.write(portable_paths(json.dumps(sc_res, indent=1)))
         print(f"[glt-bench] server-client: {sc_res['total_s']:.0f} s; raw results: {path}")
         args.report_only = RESULTS  # the page, re-rendered with every saved section
 
@@ -1077,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
         results["total_s"] = time.monotonic() - t0
         results["machine"] = machine()
         with open(raw, "w") as f:
-            json.dump(results, f, indent=1)
+            f.write(portable_paths(json.dumps(results, indent=1)))
 
     # The quick smoke run covers the seeds once an epoch (16 batches, not 391): it proves the
     # code runs, it measures nothing.

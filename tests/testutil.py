@@ -4,7 +4,12 @@ the core itself: ``healthkit.lowlevel.children`` and ``descendants``."""
 
 from __future__ import annotations
 
+import re
 import socket
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -13,3 +18,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def portable_paths(text: str) -> str:
+    """``text`` (a stack dump, a log, a saved result) with this machine's paths made generic:
+    the checkout's own files relative to it, installed packages under ``<site-packages>/`` and
+    the standard library under ``<stdlib>/``, so a saved result names no machine's layout."""
+    text = re.sub(r"[^\s\"']*/site-packages/", "<site-packages>/", text)
+    text = text.replace(sysconfig.get_paths()["stdlib"] + "/", "<stdlib>/")
+    return text.replace(f"{ROOT}/", "")

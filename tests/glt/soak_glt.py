@@ -24,6 +24,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import glt_scenarios as sc
 import glt_server_scenarios as ssc
+from testutil import portable_paths
 
 
 def fail_rebuild(cycles: int) -> dict[str, Any]:
@@ -94,11 +95,12 @@ def main(argv: list[str]) -> int:
           f"{med('client_kill', 'workers_gone_after_s')}, server kill to error "
           f"{med('server_kill', 'after_kill_s')}", flush=True)  # fmt: skip
     with open(path, "w") as f:
-        json.dump({"command": f"{os.path.relpath(sys.executable)} tests/glt/soak_glt.py "
-                   f"{' '.join(argv)}", "glt": hg.glt_version(),
-                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "seconds": time.monotonic() - t0, "fail_rebuild": fr,
-                   "server_client": sc_res}, f, indent=1)  # fmt: skip
+        f.write(portable_paths(json.dumps(
+            {"command": f"{os.path.relpath(sys.executable)} tests/glt/soak_glt.py "
+             f"{' '.join(argv)}", "glt": hg.glt_version(),
+             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "seconds": time.monotonic() - t0, "fail_rebuild": fr,
+             "server_client": sc_res}, indent=1)))  # fmt: skip
     return 0 if fr["ok"] and sc_res["ok"] else 1
 
 

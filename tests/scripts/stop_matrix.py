@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from linereader import LineReader
+from testutil import portable_paths
 
 import healthkit as hk
 
@@ -328,11 +329,11 @@ def main(argv: list[str]) -> int:
             results.append(res)
             _print(res)
     Path(out).write_text(
-        json.dumps(
+        portable_paths(json.dumps(
             [{**asdict(r.cell), "runs": r.runs, "fired": r.fired, "failures": r.failures,
               "late_s": r.late_s, "seconds": round(r.seconds, 1)} for r in results],
             indent=1,
-        )
+        ))
     )  # fmt: skip
     return 0 if all(r.ok for r in results) else 1
 
