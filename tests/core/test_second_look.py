@@ -35,6 +35,7 @@ OWNER = textwrap.dedent(
     from healthkit import _judge
 
     mode, ending, look = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    spinners, block_mib = int(sys.argv[4]), int(sys.argv[5])
     _judge.SECOND_LOOK_S = look
 
     def helper(ending):
@@ -62,10 +63,11 @@ OWNER = textwrap.dedent(
 
     def spin():
         import hashlib
-        block = bytes(1 << 20)
+        block = bytes(block_mib << 20)
         while True:
             hashlib.sha256(block)  # on a CPU, mostly without the GIL (as a native kernel is)
-    threading.Thread(target=spin, daemon=True).start()  # a busy owner: a thread always on a CPU
+    for _ in range(spinners):  # a busy owner: threads on a CPU or waiting for one
+        threading.Thread(target=spin, daemon=True).start()
     print("READY", p.pid, flush=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not stopped:
@@ -81,15 +83,18 @@ OWNER = textwrap.dedent(
 
 
 def run_owner(tmp_path: Path, mode: str, ending: str, *, stop_after: float | None,
-              look: float | None = None) -> subprocess.CompletedProcess[str]:
+              look: float | None = None, spinners: int = 1,
+              block_mib: int = 1) -> subprocess.CompletedProcess[str]:
     """Start a busy owner, end its helper ``ending`` on cue, and (``stop_after`` seconds later)
-    SIGTERM the owner alone, as a launcher that signals each process does."""
+    SIGTERM the owner alone, as a launcher that signals each process does. Each of the owner's
+    ``spinners`` threads hashes ``block_mib`` MiB at a time without the GIL."""
     from healthkit._judge import SECOND_LOOK_S
 
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
     proc = subprocess.Popen(
-        [sys.executable, str(script), mode, ending, str(SECOND_LOOK_S if look is None else look)],
+        [sys.executable, str(script), mode, ending, str(SECOND_LOOK_S if look is None else look),
+         str(spinners), str(block_mib)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")},
     )
@@ -138,12 +143,18 @@ def test_without_a_stop_the_same_death_fires(tmp_path: Path, mode: str, ending: 
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
 def test_the_look_lasts_while_the_owner_may_be_taking_a_signal(tmp_path: Path, mode: str) -> None:
     """Stretched so that the stop surely lands after the first look (200 ms after the death):
-    a second look of 0.5 s sees it and the death is excused; with no second look (0 s) the
-    same cell fires. This is what the 50 ms look does in the kernel's much shorter window."""
-    stretched = run_owner(tmp_path, mode, "exit3", stop_after=0.2, look=0.5)
+    a second look of 2 s sees it and the death is excused; with no second look (0 s) the
+    same cell fires. This is what the 50 ms look does in the kernel's much shorter window.
+
+    The look lasts only while some thread of the owner is on a CPU or waiting for one, so the
+    stretched owner keeps three threads hashing 16 MiB at a time: one thread that hashes 1 MiB
+    spends a share of its time waiting for the GIL (state S), and a look that polled it then
+    ended early (seen once in CI on a loaded machine)."""
+    stretched = run_owner(tmp_path, mode, "exit3", stop_after=0.2, look=2.0, spinners=3,
+                          block_mib=16)
     assert not (tmp_path / "error.json").exists(), stretched.stderr
     assert "STOPPED CLEANLY" in stretched.stdout
-    none = run_owner(tmp_path, mode, "exit3", stop_after=0.2, look=0.0)
+    none = run_owner(tmp_path, mode, "exit3", stop_after=0.2, look=0.0, spinners=3, block_mib=16)
     assert (tmp_path / "error.json").exists(), none.stderr
 
 
