@@ -115,8 +115,6 @@ def main() -> None:
     if args.log_disabled:
         logging.getLogger("healthkit").disabled = True
 
-    if args.sigterm_exits:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ctx = mp.get_context(args.start_method)
     if args.scenario in TABLE:
         table_scenario(args, ctx)
@@ -127,6 +125,13 @@ def main() -> None:
     ]
     for p in helpers:
         p.start()
+    if args.sigterm_exits:
+        # Installed after the helpers start, so that they keep the default action: a forked
+        # helper that inherits a Python handler can lose multiprocessing's SIGTERM at exit
+        # (CPython drops signals that arrive between fork() and its after-fork clean-up, and
+        # one that arrives just before a sleep's system call waits for the sleep), and the
+        # owner's exit then waits in join() for a 600 s sleep (1 run in about 150 under load).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wd = hk.DisarmableWatchdog(helpers, mode=args.mode, on_clean_exit=args.policy)
     wd.arm()
     wd.arm()  # idempotent
