@@ -87,6 +87,7 @@ __all__ = [
 
 #: The signals that mean "stop" when a launcher, a terminal or a scheduler sends them.
 STOP_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+_STOP_MASK: Final = sum(1 << (sig - 1) for sig in STOP_SIGNALS)  # as in /proc's SigBlk
 
 #: How a stop signal was seen: delivered (the wakeup fd), pending (``/proc``, not yet taken
 #: by any thread), being handled (taken, its handler still running), or noted by the
@@ -163,10 +164,15 @@ class HandlerWatch:
     """Sees a stop signal of process ``pid`` while one of its threads runs its handler, and
     whether one of its threads may be taking a signal right now.
 
-    A thread's usual mask is the one it had when first seen (:meth:`learn` at arm time sees
-    the main thread before any stop); a stop signal blocked beyond it means a handler for it
-    is running. A thread that blocks a stop signal for a while on purpose looks the same:
-    a death seen then is deferred by the stop grace, never dropped.
+    A thread's usual mask is the least it has been seen to block (:meth:`learn` at arm time
+    sees the main thread before any stop). On entry to a handler the kernel blocks the signal
+    and the handler's ``sa_mask``, which CPython leaves empty: a stop signal blocked beyond the
+    usual mask, with nothing else blocked beyond it, means a handler for it is running. A
+    thread that blocks more than stop signals is masking on purpose, not handling: CPython's
+    ``subprocess`` blocks every signal in the calling thread around its ``vfork()``, and
+    :func:`start_without_signals` around a thread's start. A thread that blocks stop signals
+    only, for a while, looks like a handler: a death seen then is deferred by the stop grace,
+    never dropped.
     """
 
     def __init__(self, pid: int) -> None:
@@ -182,11 +188,15 @@ class HandlerWatch:
         if threads is None:
             return None
         with self._lock:
-            usual = {tid: self._usual.get(tid, mask) for tid, (_, mask) in threads.items()}
+            usual = {
+                tid: self._usual.get(tid, mask) & mask for tid, (_, mask) in threads.items()
+            }
             self._usual = usual
         extra = 0
         for tid, (_, mask) in threads.items():
-            extra |= mask & ~usual[tid]
+            beyond = mask & ~usual[tid]
+            if beyond & ~_STOP_MASK == 0:
+                extra |= beyond
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if extra >> (sig - 1) & 1:
                 return sig

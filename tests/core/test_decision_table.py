@@ -198,6 +198,8 @@ TABLE: dict[str, tuple[list[str], bool, tuple[str, ...], tuple[str, ...]]] = {
     # A thread that blocks the stop signals for good is no stop: the death fires at once
     # (with the default 30 s grace, a mistaken deferral would outlast the owner's 2 s).
     "blocking-thread-then-exit3": ([], True, ("exited with code 3",), ()),
+    # A thread masking every signal for a moment (subprocess's vfork()) is no stop either.
+    "masking-thread-then-exit3": ([], True, ("exited with code 3",), ()),
 }  # fmt: skip
 
 

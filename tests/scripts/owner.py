@@ -75,6 +75,10 @@ TABLE = {
     # ...and its twin: a thread that blocks the stop signals for good (as libzmq's I/O
     # threads do), started after arm(): no stop is under way, the death fires at once.
     "blocking-thread-then-exit3": (exit_3, "ignore", "blocking-thread"),
+    # A thread that blocks every signal for a moment, as CPython's subprocess does around its
+    # vfork(), is not taking a stop: the death fires at once (a mistaken deferral would
+    # outlast the owner's 2 s with the default 30 s grace).
+    "masking-thread-then-exit3": (exit_3, "ignore", "masking-thread"),
 }
 
 
@@ -239,6 +243,15 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
         hk.DisarmableWatchdog().arm().disarm()  # healthkit notices stop signals from here on
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(args.stop_grace + 0.5)  # the episode is over before the helper starts
+    masking = threading.Event()
+    if action == "masking-thread":  # a thread healthkit sees first with its usual mask
+
+        def masking_thread() -> None:
+            masking.wait()
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            time.sleep(60)
+
+        threading.Thread(target=masking_thread, name="masking", daemon=True).start()
     helper = ctx.Process(target=target, name="helper-0", daemon=True)  # type: ignore[attr-defined]
     helper.start()
     if action == "join-before-watch":
@@ -268,6 +281,11 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
         # below without the GIL, as torchrun's SIGINT would be.
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
         survive(args.stop_grace + 3.0)
+        wd.disarm()
+        return
+    if action == "masking-thread":
+        masking.set()  # before the helper's exit (it sleeps 0.3 s first)
+        survive()
         wd.disarm()
         return
     if action == "blocking-thread":
