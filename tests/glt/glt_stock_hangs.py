@@ -74,11 +74,15 @@ def run_script(
     timeout: float,
     extra_env: dict[str, str] | None = None,
     prefix: Sequence[str] | None = None,
+    hang_after_kill: float | None = None,
 ) -> Run:
     """Run ``script args`` in a new session; at ``timeout`` dump every stack of the group
     (SIGUSR1), SIGKILL the group we created, wait for it, then remove (and report) the SysV
     segments its processes left behind. ``prefix``: a command that execs its arguments
-    (e.g. ``unshare --net ...``), run in the session's place."""
+    (e.g. ``unshare --net ...``), run in the session's place. ``hang_after_kill``: the deadline
+    comes this many seconds after the script says it killed a worker (a line containing
+    ``KILL_MARK``), if that is earlier: a hang is watched for a set time after the fault
+    whatever the start-up took, instead of a timeout padded for a slow start-up."""
     with sigusr1_stack_dumps() as (env, stacks), tempfile.TemporaryFile(mode="w+") as out:
         env.update(extra_env or {})
         t0 = time.monotonic()
@@ -87,11 +91,7 @@ def run_script(
             stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         pgid = proc.pid
-        rc: int | None
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = _wait_until(proc, out.fileno(), t0 + timeout, hang_after_kill)
         elapsed = time.monotonic() - t0
         members = pids_in_group(pgid)
         survivors: list[int] = []
@@ -128,6 +128,38 @@ def run_script(
                    survivors)  # fmt: skip
 
 
+KILL_MARK = "SIGKILLed sampling worker"
+
+
+def _wait_until(
+    proc: subprocess.Popen[bytes], out_fd: int, deadline: float, hang_after_kill: float | None
+) -> int | None:
+    """The script's exit code, or None if it still runs at the deadline (see ``run_script``)."""
+    if hang_after_kill is None:
+        try:
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return None
+    # Its own open file description: reading through ``out`` would move the offset the
+    # script writes at.
+    reader = os.open(f"/proc/self/fd/{out_fd}", os.O_RDONLY)
+    seen = b""
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    return None
+            if KILL_MARK.encode() not in seen:
+                while chunk := os.read(reader, 65536):
+                    seen += chunk
+                if KILL_MARK.encode() in seen:
+                    deadline = min(deadline, time.monotonic() + hang_after_kill)
+    finally:
+        os.close(reader)
+
+
 def _say(msg: str) -> None:
     print(f"[driver {time.monotonic():.3f}] {msg}", flush=True)
 
@@ -148,7 +180,7 @@ def _scenario_hang_init(kill_after: float = 0.5, victim: int = 0) -> None:
             if len(pids) == 2:
                 time.sleep(kill_after)  # let it get into interpreter / torch start-up
                 os.kill(pids[victim], signal.SIGKILL)
-                _say(f"SIGKILLed sampling worker {victim} (pid {pids[victim]}) during init")
+                _say(f"{KILL_MARK} {victim} (pid {pids[victim]}) during init")
                 return
             time.sleep(0.005)
 
@@ -179,7 +211,7 @@ def _scenario_hang_epoch(recv_timeout_ms: int = 0, pre_kill_sleep: float = 0.0) 
     del first
     time.sleep(pre_kill_sleep)
     os.kill(workers[1].pid, signal.SIGKILL)
-    _say(f"SIGKILLed sampling worker pid {workers[1].pid} after batch 1")
+    _say(f"{KILL_MARK} 1 (pid {workers[1].pid}) after batch 1")
     n = 1
     if recv_timeout_ms <= 0:
         _say("continuing the epoch with the loader; expected to hang in ShmChannel.recv()")

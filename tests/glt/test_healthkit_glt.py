@@ -647,8 +647,10 @@ def test_shutdown_takes_grace_under_its_old_name_stop_timeout(
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_worker_sigkilled_during_init_stock_glt_hangs_healthkit_glt_fails_in_seconds() -> None:
-    stock = sc.run_stock("hang-init", timeout=20.0)
-    assert stock.returncode is None, stock.output  # still hung at the deadline, then killed
+    # Watched for 10 s after the kill (twice healthkit_glt's bound below), then killed.
+    stock = sc.run_stock("hang-init", timeout=90.0, hang_after_kill=10.0)
+    assert stock.returncode is None, stock.output
+    assert sc.stock.KILL_MARK in stock.output, stock.output  # hung after the kill, not before
     # the loader's process, in the producer's unbounded barrier.wait() (FINDINGS §3)
     assert 'dist_sampling_producer.py", line 221 in init' in stock.stacks, stock.stacks
 
@@ -690,23 +692,26 @@ def test_worker_raising_during_init_fails_the_loader_with_its_exit_code_and_trac
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_worker_hanging_during_init_fails_at_the_bound_with_the_hanging_stack() -> None:
-    run = sc.run_scenario("hk-init-hang", ["30", "1"], timeout=150)
+    # A 15 s bound: several times a worker's start-up under load, so worker 0 arrives.
+    run = sc.run_scenario("hk-init-hang", ["15", "1"], timeout=150)
     r = run.result
     assert run.returncode == 0, run.output
     assert r["outcome"] == "raised" and r["type"] == "BarrierTimeoutError"
     assert "TimeoutError" in r["mro"]
-    assert 30.0 <= r["elapsed_s"] < 60.0
+    assert 15.0 <= r["elapsed_s"] < 45.0
     assert r["exit_codes"] == {} and 1 in r["not_arrived"]
     assert "hang_in_sampler_factory" in r["message"]
-    assert "(bound 30s)" in r["message"] and "1 x" in r["message"]
+    assert "(bound 15s)" in r["message"] and "1 x" in r["message"]
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_seconds() -> None:
-    stock = sc.run_stock("hang-epoch", ["0", "0.5"], timeout=60.0)  # start-up included
-    assert stock.returncode is None, stock.output  # hung in ShmChannel.recv, then killed
+    # Watched for 15 s after the kill (three times healthkit_glt's bound below), then killed.
+    stock = sc.run_stock("hang-epoch", ["0", "0.5"], timeout=90.0, hang_after_kill=15.0)
+    assert stock.returncode is None, stock.output  # hung in ShmChannel.recv
+    assert sc.stock.KILL_MARK in stock.output, stock.output
     assert 'shm_channel.py", line 66 in recv' in stock.stacks, stock.stacks
 
     run = sc.run_scenario("hk-epoch-sigkill", ["0.5", "1"], timeout=120)
