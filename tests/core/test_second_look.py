@@ -38,7 +38,7 @@ OWNER = textwrap.dedent(
     spinners, block_mib = int(sys.argv[4]), int(sys.argv[5])
     _judge.SECOND_LOOK_S = look
 
-    def helper(ending):
+    def helper(ending, armed):
         def die(*_):
             if ending == "exception":
                 raise ValueError("bad shard 7")
@@ -49,6 +49,7 @@ OWNER = textwrap.dedent(
             sys.exit(3)
         signal.signal(signal.SIGUSR1, die)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        armed.set()  # the cue (SIGUSR1) may come from now on
         time.sleep(600)
 
     stopped = []
@@ -56,8 +57,11 @@ OWNER = textwrap.dedent(
         stopped.append(time.monotonic())  # a checkpoint: the owner carries on for a while
 
     signal.signal(signal.SIGTERM, on_term)
-    p = mp.get_context("fork").Process(target=helper, args=(ending,), name="sampler")
+    ctx = mp.get_context("fork")
+    armed = ctx.Event()
+    p = ctx.Process(target=helper, args=(ending, armed), name="sampler")
     p.start()
+    assert armed.wait(30), "the helper never installed its SIGUSR1 handler"
     wd = healthkit.DisarmableWatchdog([p], mode=mode, stop_grace=5.0)
     wd.arm()
 
