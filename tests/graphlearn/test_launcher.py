@@ -205,9 +205,11 @@ def test_thread_mode_alone_is_stuck_while_the_client_call_holds_the_gil(tmp_path
     os.kill(owner.server, signal.SIGKILL)
     time.sleep(8)
     assert owner.proc.poll() is None
-    rc, _, err = owner.finish(timeout=0)
+    rc, _, _ = owner.finish(timeout=0)
     assert rc == -signal.SIGKILL
-    assert "was killed by SIGKILL" not in err  # it never got to say anything
+    # Whether it got to log the death depends on the moment of the kill: between two client
+    # calls the watcher may write its line (seen once under load), but the next call takes
+    # the GIL before it can end the rank, which is still running 8 s later (above).
 
 
 # --------------------------------------------------------------------------- no orphan
