@@ -55,7 +55,7 @@ import glt_stock_hangs as stock
 HERE = os.path.dirname(os.path.abspath(__file__))
 # How long a stock hang is watched before it is called one (the benchmark watches longer).
 HANG_S = float(os.environ.get("HK_TEST_HANG_S", "5"))
-READY_S = 90.0  # start-up of a server and its clients, at most (about 14 s here when quiet)
+READY_S = 180.0  # start-up of a server and its clients, at most (about 14 s here when quiet)
 SLOW_SAMPLE_S = 0.15  # client a's sampler: per batch, so its fetches wait on the server
 CONNECTION_TIMEOUT_S = 4.0  # the leases' keepalive bound in the network-loss scenario
 
