@@ -44,7 +44,9 @@ def _started(name: str, args: tuple[str, ...], netns: bool = False) -> Any:
     run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
     error = run.results[-1].get("error", "") if run.returncode == 0 and run.results else ""
     if " not ready within " in error:
-        print(f"{name} {args}: {error}; running it once more", flush=True)
+        stall = run.output.find("Timeout (0:")  # a stalled client's stacks, if it wrote them
+        stacks = run.output[stall : stall + 8000] if stall >= 0 else "(no stacks written)"
+        print(f"{name} {args}: {error}; running it once more. The stall:\n{stacks}", flush=True)
         run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
     return run
 
