@@ -55,12 +55,19 @@ import glt_stock_hangs as stock
 HERE = os.path.dirname(os.path.abspath(__file__))
 # How long a stock hang is watched before it is called one (the benchmark watches longer).
 HANG_S = float(os.environ.get("HK_TEST_HANG_S", "5"))
-READY_S = 180.0  # start-up of a server and its clients, at most (about 14 s here when quiet)
+# Start-up of a server and its clients, at most (about 14 s here when quiet).
+READY_S = float(os.environ.get("HK_TEST_READY_S", "180"))
 # A client still starting after this long writes its stacks to the run's output once: the
 # rare start-up stall (see test_server_client._started) has no known cause yet.
 STARTUP_STACKS_S = float(os.environ.get("HK_TEST_STARTUP_STACKS_S", "60"))
 SLOW_SAMPLE_S = 0.15  # client a's sampler: per batch, so its fetches wait on the server
 CONNECTION_TIMEOUT_S = 4.0  # the leases' keepalive bound in the network-loss scenario
+
+
+def _not_ready(role: str) -> str:
+    """The one error of a client that never came up: test_server_client._started runs such a
+    scenario once more (what each scenario tests starts after its clients are ready)."""
+    return f"client {role} not ready within {READY_S:g}s"
 
 
 def _log_setup() -> None:
@@ -471,7 +478,7 @@ def scenario_faults(mode: str) -> None:
         for role in ("a", "b", "c", "d"):
             ready = job.wait_for(role, "ready", READY_S)
             if ready is None:
-                res["error"] = f"client {role} not ready within {READY_S:g}s"
+                res["error"] = _not_ready(role)
                 return
             pids[role] = ready[3]
         res["worker_pids"] = pids
@@ -559,7 +566,10 @@ def scenario_network_loss(mode: str = "hk") -> None:
     bound = 3 * CONNECTION_TIMEOUT_S + 10
     try:
         ready = job.wait_for("solo", "ready", READY_S)
-        if ready is None or job.wait_for("solo", "mid-epoch", 60, after=1) is None:
+        if ready is None:
+            res["error"] = _not_ready("solo")
+            return
+        if job.wait_for("solo", "mid-epoch", 60, after=1) is None:
             res["error"] = "the client never got to its second epoch"
             return
         res["first_epoch"] = (job.wait_for("solo", "epoch", 0) or (0, 0, None))[2]
@@ -589,7 +599,7 @@ def scenario_sampler_error(mode: str) -> None:
     res: dict[str, Any] = {"mode": mode}
     try:
         if job.wait_for("solo", "ready", READY_S) is None:
-            res["error"] = "the client never got ready"
+            res["error"] = _not_ready("solo")
             return
         ready = time.monotonic()
         e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
@@ -613,7 +623,10 @@ def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> No
         workers: list[int] = []
         for role in roles:
             ready = job.wait_for(role, "ready", READY_S)
-            workers += ready[3] if ready else []
+            if ready is None:
+                res["error"] = _not_ready(role)
+                return
+            workers += ready[3]
             exited = job.wait_for(role, "exit", READY_S)
             shut = job.wait_for(role, "shutdown", 0)
             job.clients[role].join(30)

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,13 +41,15 @@ def _started(name: str, args: tuple[str, ...], netns: bool = False) -> Any:
     """A scenario run, once more if a client never came up (before any fault): GLT's client
     start-up over RPC fails now and then on this machine, stock and healthkit_glt alike
     (about 1 run in 10 in the soak and here, cause not found); what is tested starts after it.
-    Said in the test's output, so a start-up that keeps failing is seen."""
+    Said as a warning, which pytest's summary shows for a passing test too, with the stalled
+    client's stacks: the evidence of each stall reaches the run's log."""
     run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
     error = run.results[-1].get("error", "") if run.returncode == 0 and run.results else ""
     if " not ready within " in error:
         stall = run.output.find("Timeout (0:")  # a stalled client's stacks, if it wrote them
         stacks = run.output[stall : stall + 8000] if stall >= 0 else "(no stacks written)"
-        print(f"{name} {args}: {error}; running it once more. The stall:\n{stacks}", flush=True)
+        warnings.warn(f"{name} {args}: {error}; running it once more. The stall:\n{stacks}",
+                      UserWarning, stacklevel=1)  # fmt: skip
         run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
     return run
 
