@@ -64,10 +64,22 @@ SLOW_SAMPLE_S = 0.15  # client a's sampler: per batch, so its fetches wait on th
 CONNECTION_TIMEOUT_S = 4.0  # the leases' keepalive bound in the network-loss scenario
 
 
-def _not_ready(role: str) -> str:
+def _not_ready(job: Job, role: str) -> str:
     """The one error of a client that never came up: test_server_client._started runs such a
-    scenario once more (what each scenario tests starts after its clients are ready)."""
-    return f"client {role} not ready within {READY_S:g}s"
+    scenario once more (what each scenario tests starts after its clients are ready). What
+    became of the client is the first evidence of why."""
+    p = job.clients[role]
+    if p.exitcode is not None:
+        fate = f"pid {p.pid} exited with code {p.exitcode}"
+    else:
+        st = procs.read_proc_stat(p.pid) if p.pid else None
+        try:
+            with open(f"/proc/{p.pid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except OSError:
+            wchan = "?"
+        fate = f"pid {p.pid} still running, state {st.state if st else '?'}, in {wchan}"
+    return f"client {role} not ready within {READY_S:g}s ({fate})"
 
 
 def _log_setup() -> None:
@@ -388,7 +400,10 @@ class Job:
         self, who: str, what: str, timeout: float, after: int = 0
     ) -> tuple[Any, ...] | None:
         """The ``after + 1``-th event ``(who, what, ...)``, seen before or arriving within
-        ``timeout``; None if it did not come."""
+        ``timeout``; None if it did not come. Every event already queued is taken first, even
+        with ``timeout=0`` (``all``): a driver that waited elsewhere must not take an old event
+        for a fresh one (a "mid-epoch" queued seconds ago can put the server's kill anywhere in
+        an epoch, at its end too, where stock GLT's next epoch request fails at once)."""
         deadline = time.monotonic() + timeout
         while True:
             seen = [e for e in self.events if e[0] == who and e[1] == what]
@@ -398,11 +413,11 @@ class Job:
             proc = self.clients.get(who) or (self.server if who == "server" else None)
             if proc is not None and not proc.is_alive() and self.out.empty():
                 left = min(left, 0.5)  # it ended: take its last reports, then give up
-            if left <= 0:
-                return None
-            try:
-                e = self.out.get(timeout=min(left, 0.5))
+            try:  # at the deadline, what has already arrived still counts
+                e = self.out.get(timeout=min(left, 0.5)) if left > 0 else self.out.get_nowait()
             except queue.Empty:
+                if left <= 0:
+                    return None
                 continue
             if e[0] == "server":
                 e = ("server", "up", *e[1:])
@@ -478,7 +493,7 @@ def scenario_faults(mode: str) -> None:
         for role in ("a", "b", "c", "d"):
             ready = job.wait_for(role, "ready", READY_S)
             if ready is None:
-                res["error"] = _not_ready(role)
+                res["error"] = _not_ready(job, role)
                 return
             pids[role] = ready[3]
         res["worker_pids"] = pids
@@ -567,7 +582,7 @@ def scenario_network_loss(mode: str = "hk") -> None:
     try:
         ready = job.wait_for("solo", "ready", READY_S)
         if ready is None:
-            res["error"] = _not_ready("solo")
+            res["error"] = _not_ready(job, "solo")
             return
         if job.wait_for("solo", "mid-epoch", 60, after=1) is None:
             res["error"] = "the client never got to its second epoch"
@@ -599,7 +614,7 @@ def scenario_sampler_error(mode: str) -> None:
     res: dict[str, Any] = {"mode": mode}
     try:
         if job.wait_for("solo", "ready", READY_S) is None:
-            res["error"] = _not_ready("solo")
+            res["error"] = _not_ready(job, "solo")
             return
         ready = time.monotonic()
         e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
@@ -624,7 +639,7 @@ def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> No
         for role in roles:
             ready = job.wait_for(role, "ready", READY_S)
             if ready is None:
-                res["error"] = _not_ready(role)
+                res["error"] = _not_ready(job, role)
                 return
             workers += ready[3]
             exited = job.wait_for(role, "exit", READY_S)

@@ -47,7 +47,10 @@ def _started(name: str, args: tuple[str, ...], netns: bool = False) -> Any:
     error = run.results[-1].get("error", "") if run.returncode == 0 and run.results else ""
     if " not ready within " in error:
         stall = run.output.find("Timeout (0:")  # a stalled client's stacks, if it wrote them
-        stacks = run.output[stall : stall + 8000] if stall >= 0 else "(no stacks written)"
+        if stall >= 0:
+            stacks = run.output[stall : stall + 8000]
+        else:
+            stacks = f"(no stacks written; the run's output ends:)\n{run.output[-3000:]}"
         warnings.warn(f"{name} {args}: {error}; running it once more. The stall:\n{stacks}",
                       UserWarning, stacklevel=1)  # fmt: skip
         run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
@@ -230,11 +233,11 @@ def test_stock_glt_server_client_hangs_on_each_fault_and_leaks_workers() -> None
     assert r["mixed"]["done"] and [(e["batches"], e["every_seed_once"])
                                    for e in r["mixed"]["epochs"]] == [(16, True)] * 2  # fmt: skip
     assert "sampling server rank(s) [0] run GLT's own DistServer" in run.output
-    assert r["worker_kill"]["hung"] is True, r["worker_kill"]
+    assert r["worker_kill"]["hung"] is True, f"{r['worker_kill']!r}"  # in full, as a str
     assert r["client_kill"]["workers_gone_after_s"] is None
     assert r["client_kill"]["survivors"] == r["worker_pids"]["b"]  # b's workers live on
     sk = r["server_kill"]
-    assert sk["hung"] is True and sk["observer"] == "c", sk
+    assert sk["hung"] is True and sk["observer"] == "c", f"{sk!r}\n{r['events'][-12:]!r}"
     assert sk["survivors"] and set(sk["survivors"]) == set(sk["server_workers"])  # orphans
     assert r["segments_left"] >= 1  # the stock server's rings outlive it
     assert r["orphan_segments_removed"] >= 1  # (the driver removed them)
