@@ -309,4 +309,5 @@ def test_a_lost_network_ends_the_clients_loader_and_the_servers_producer_within_
     assert "stopped answering TCP keepalive probes" in nl["message"]
     assert nl["after_loss_s"] < 2 * ssc.CONNECTION_TIMEOUT_S + 5
     assert nl["survivors"] == [] and nl["workers_gone_after_s"] < 2 * ssc.CONNECTION_TIMEOUT_S + 5
-    assert r["client_exit"] is True and r["server_stopped"] is True
+    # in full, events included: a server that missed its stop report was seen under load
+    assert r["client_exit"] is True and r["server_stopped"] is True, f"{r!r}"
