@@ -72,7 +72,7 @@ def _not_ready(job: Job, role: str) -> str:
     if p.exitcode is not None:
         fate = f"pid {p.pid} exited with code {p.exitcode}"
     else:
-        st = procs.read_proc_stat(p.pid) if p.pid else None
+        st = procs.read_proc_stat(p.pid)
         try:
             with open(f"/proc/{p.pid}/wchan") as f:
                 wchan = f.read().strip() or "-"

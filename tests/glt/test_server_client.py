@@ -51,8 +51,8 @@ def _started(name: str, args: tuple[str, ...], netns: bool = False) -> Any:
             stacks = run.output[stall : stall + 8000]
         else:
             stacks = f"(no stacks written; the run's output ends:)\n{run.output[-3000:]}"
-        warnings.warn(f"{name} {args}: {error}; running it once more. The stall:\n{stacks}",
-                      UserWarning, stacklevel=1)  # fmt: skip
+        message = f"{name} {args}: {error}; running it once more. The stall:\n{stacks}"
+        warnings.warn(message, stacklevel=2)  # attributed to the caller
         run = ssc.run(name, args, timeout=RUN_TIMEOUT_S, netns=netns)
     return run
 
