@@ -1093,7 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
     stock_wall = block_values(results["e2e"]["drop"], "wall")["stock"]
     period = statistics.mean(stock_wall) / results["e2e"]["drop"]["per_epoch"][0]["batches"]
     results["receive_path"] = receive_path(
-        3 if args.quick else 10, 300 if args.quick else 1000, round(period, 4)
+        1 if args.quick else 10, 100 if args.quick else 1000, round(period, 4)
     )
     save()
     results["death_to_error"] = death_to_error(
@@ -1101,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     save()
     results["writers"] = writer_race(
-        1 if args.quick else 5, 1000 if args.quick else 3000, 10.0 if args.quick else 30.0
+        1 if args.quick else 5, 300 if args.quick else 3000, 5.0 if args.quick else 30.0
     )
     save()
     if args.quick:  # a full run's server-client section is measured by --server-client

@@ -4,6 +4,7 @@ the core itself: ``healthkit.lowlevel.children`` and ``descendants``."""
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 import sysconfig
@@ -12,12 +13,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ``bind(("", 0))`` and ``connect()`` (Linux default 32768-60999)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the usual bind-to-0 race applies)."""
+    """A TCP port free on ``host`` a moment ago, taken below the kernel's ephemeral range.
+
+    Whoever binds it does so seconds later. A port from ``bind(0)`` is in the ephemeral range,
+    where every torch RPC agent opens a score of listeners with ``bind(0)`` (TensorPipe) and
+    every ``connect()`` takes its local port: with three lanes of RPC tests running, one of
+    them took a sampling worker's rendezvous port first (EADDRINUSE, the worker died, its
+    client never came up). Below the range only another explicit pick can collide: random,
+    and checked by a bind here. Falls back to ``bind(0)`` when the range starts too low."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    low, _ = ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10000, low) if low > 11000 else 0
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use: another pick
+            return int(s.getsockname()[1])
+    raise OSError(f"no free TCP port on {host} below {low} after 100 tries")
 
 
 def portable_paths(text: str) -> str:

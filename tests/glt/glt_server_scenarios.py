@@ -293,6 +293,8 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
     glt.distributed.init_client(num_servers=1, num_clients=num_clients, client_rank=rank,
                                 master_addr="127.0.0.1", master_port=port,
                                 num_rpc_threads=4)  # fmt: skip
+    if code := os.environ.get("HK_TEST_CLIENT_EXIT_AT_START"):  # the driver's give-up, tested
+        os._exit(int(code))
     kwargs: dict[str, Any] = {}
     workers = 1 if role in ("b", "d") else 2
     if role == "a":
@@ -395,6 +397,7 @@ class Job:
             self.clients[role] = p
         self.server_pid = self.server.pid
         self.removed_segments: list[int] = []
+        self.server_stop: dict[str, Any] = {}
 
     def wait_for(
         self, who: str, what: str, timeout: float, after: int = 0
@@ -409,10 +412,12 @@ class Job:
             seen = [e for e in self.events if e[0] == who and e[1] == what]
             if len(seen) > after:
                 return seen[after]
-            left = deadline - time.monotonic()
             proc = self.clients.get(who) or (self.server if who == "server" else None)
             if proc is not None and not proc.is_alive() and self.out.empty():
-                left = min(left, 0.5)  # it ended: take its last reports, then give up
+                # it ended: take its last reports, then give up (the deadline, not one pass:
+                # a client that died at start-up was waited for READY_S, taken for a stall)
+                deadline = min(deadline, time.monotonic() + 0.5)
+            left = deadline - time.monotonic()
             try:  # at the deadline, what has already arrived still counts
                 e = self.out.get(timeout=min(left, 0.5)) if left > 0 else self.out.get_nowait()
             except queue.Empty:
@@ -444,8 +449,14 @@ class Job:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.server_pid, signal.SIGTERM)
 
-        stop([self.server], request=sigterm if graceful else None, grace=30.0 if graceful
-             else 0.0, kill_after=term, kill_timeout=5.0, name="server")  # fmt: skip
+        t = time.monotonic()
+        report = stop([self.server], request=sigterm if graceful else None, grace=30.0
+                      if graceful else 0.0, kill_after=term, kill_timeout=5.0,
+                      name="server")  # fmt: skip
+        # how the server ended: a missing stop report says why (seen once under load)
+        self.server_stop = {"seconds": round(time.monotonic() - t, 3),
+                            "escalated": report.escalated,
+                            "exitcode": self.server.exitcode}  # fmt: skip
         stop([p for p in workers if procs.alive(p)], kill_after=0, kill_timeout=5.0,
              name="server workers")  # fmt: skip
         # A stock server that was SIGKILLed leaves its rings in the kernel for good; the
@@ -601,6 +612,7 @@ def scenario_network_loss(mode: str = "hk") -> None:
     finally:
         job.stop_all(graceful=mode == "hk")
         res["server_stopped"] = bool(job.all("server", "stopped"))
+        res["server_stop"] = job.server_stop
         res["orphan_segments_removed"] = len(job.removed_segments)
         res["events"] = [str(e)[:200] for e in job.events]
         _result(**res)

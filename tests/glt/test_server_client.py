@@ -220,6 +220,22 @@ def test_a_healthy_server_client_job_runs_its_epochs_and_ends_by_glts_own_shutdo
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_client_that_dies_at_start_up_is_reported_at_once_with_its_exit_code() -> None:
+    """The driver's own give-up: a client that ended before it was ready ends the scenario
+    within seconds, with its exit code (the driver once waited out READY_S, 180 s, for such a
+    client, which read as a start-up stall). The healthy scenario is its twin: live clients
+    are waited for."""
+    t = time.monotonic()
+    run = ssc.run("healthy", ["hk"], timeout=RUN_TIMEOUT_S,
+                  env={"HK_TEST_CLIENT_EXIT_AT_START": "3"})  # fmt: skip
+    elapsed = time.monotonic() - t
+    assert run.returncode == 0 and run.survivors == [], run.output[-4000:]
+    error = run.result.get("error", "")
+    assert " not ready within " in error and "exited with code 3" in error, error
+    assert elapsed < 60, (elapsed, run.output[-4000:])  # a server start-up, not READY_S
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_stock_glt_server_client_hangs_on_each_fault_and_leaks_workers() -> None:
     """Stock GLT 0.2.4 (and from source): a dead sampling worker on the server, a dead
     client and a dead server each leave the clients waiting, or the workers running, for

@@ -13,6 +13,7 @@ from pathlib import Path
 import healthkit_graphlearn as hkgl
 import pytest
 from healthkit_graphlearn import DistEnv
+from testutil import free_port
 
 import healthkit as hk
 
@@ -96,7 +97,7 @@ def _run_ranks(
 ) -> list[dict[str, object]]:
     """One process per rank; ``nodes[i]`` is the node (GROUP_RANK) of rank i."""
     world = len(nodes)
-    port = hkgl.free_port()
+    port = free_port()
     procs = []
     for rank, node in enumerate(nodes):
         local = [r for r, n in enumerate(nodes) if n == node]

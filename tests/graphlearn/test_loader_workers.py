@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import healthkit_graphlearn as hkgl
 import pytest
 from gl_procs import SIDECAR_MARK, alarms, descendants, open_watch
 from linereader import LineReader
+from testutil import free_port
 
 import healthkit as hk
 
@@ -99,7 +99,7 @@ class Job:
                 os.path.join(os.path.dirname(sys.executable), "torchrun"),
                 "--nnodes=1", "--nproc_per_node=1", "--max_restarts=0",
                 "--monitor-interval=0.5", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint=127.0.0.1:{hkgl.free_port()}", *cmd[1:],
+                f"--rdzv_endpoint=127.0.0.1:{free_port()}", *cmd[1:],
             ]  # fmt: skip
         self.err_path = workdir / "job.stderr"
         with open(self.err_path, "wb") as err:

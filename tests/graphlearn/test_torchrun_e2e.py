@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import healthkit_graphlearn as hkgl
 import pytest
 from gl_procs import EXAMPLE, alarms
 from linereader import LineReader
+from testutil import free_port
 
 pytestmark = pytest.mark.graphlearn
 pytest.importorskip("torch")
@@ -55,7 +55,7 @@ class Job:
         cmd = [
             os.path.join(os.path.dirname(sys.executable), "torchrun"),
             "--nnodes=1", "--nproc_per_node=2", "--max_restarts=0",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{hkgl.free_port()}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
             str(EXAMPLE), "--host", "127.0.0.1", "--pid-file", str(self.pid_file), *args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
