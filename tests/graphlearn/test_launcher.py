@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -198,18 +199,30 @@ def test_thread_mode_fails_fast_once_client_retries_are_shortened(tmp_path: Path
 
 @pytest.mark.timeout(180)
 def test_thread_mode_alone_is_stuck_while_the_client_call_holds_the_gil(tmp_path: Path) -> None:
-    # Why the sidecar is the default: the watcher thread cannot run for the ~17 min of GL's
-    # default retries. (Ended here after 8 s.)
-    owner = Owner(tmp_path, "sample-loop", "--mode", "thread")
-    owner.wait_ready()
-    os.kill(owner.server, signal.SIGKILL)
-    time.sleep(8)
-    assert owner.proc.poll() is None
-    rc, _, _ = owner.finish(timeout=0)
-    assert rc == -signal.SIGKILL
-    # Whether it got to log the death depends on the moment of the kill: between two client
-    # calls the watcher may write its line (seen once under load), but the next call takes
-    # the GIL before it can end the rank, which is still running 8 s later (above).
+    """Why the sidecar is the default: while GL's client call holds the GIL, the watcher
+    thread cannot run for the ~17 min of GL's default retries (the rank is still running 8 s
+    after its server's SIGKILL). The kill can also land between two client calls: then the
+    watcher may take the GIL, write its line and end the rank (3 runs in about 60 here, with
+    three busy processes beside it on 2 cores). Such a run did not meet the claim's premise,
+    so the test plays it once more and says so in a warning; a thread watchdog that ends the
+    rank twice in a row (GL releasing the GIL, say) fails it."""
+    for attempt in (1, 2):
+        owner = Owner(tmp_path, "sample-loop", "--mode", "thread")
+        owner.wait_ready()
+        os.kill(owner.server, signal.SIGKILL)
+        time.sleep(8)
+        still_running = owner.proc.poll() is None
+        rc, _, err = owner.finish(timeout=0)  # always: the owner, its server and sidecar reaped
+        if still_running:
+            assert rc == -signal.SIGKILL
+            return
+        fired = rc == 1 and re.search(r"\(pid \d+\) was killed by SIGKILL", err)
+        assert fired and attempt == 1, f"exit {rc}:\n{err[-4000:]}"
+        warnings.warn(
+            "the thread watchdog found the GIL between two client calls and ended the rank; "
+            "playing the kill once more",
+            stacklevel=1,
+        )
 
 
 # --------------------------------------------------------------------------- no orphan
