@@ -202,8 +202,8 @@ def test_thread_mode_alone_is_stuck_while_the_client_call_holds_the_gil(tmp_path
     """Why the sidecar is the default: while GL's client call holds the GIL, the watcher
     thread cannot run for the ~17 min of GL's default retries (the rank is still running 8 s
     after its server's SIGKILL). The kill can also land between two client calls: then the
-    watcher may take the GIL, write its line and end the rank (3 runs in about 60 here, with
-    three busy processes beside it on 2 cores). Such a run did not meet the claim's premise,
+    watcher may take the GIL, write its line and end the rank (3 runs in 78 here, most of them
+    with three busy processes beside it on 2 cores). Such a run did not meet the claim's premise,
     so the test plays it once more and says so in a warning; a thread watchdog that ends the
     rank twice in a row (GL releasing the GIL, say) fails it."""
     for attempt in (1, 2):
