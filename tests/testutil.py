@@ -28,15 +28,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Whoever binds it does so seconds later. A port from ``bind(0)`` is in the ephemeral range,
     where every torch RPC agent opens a score of listeners with ``bind(0)`` (TensorPipe) and
-    every ``connect()`` takes its local port: with three lanes of RPC tests running, one of
-    them took a sampling worker's rendezvous port first (EADDRINUSE, the worker died, its
-    client never came up). Below the range only another explicit pick can collide: random,
-    and checked by a bind here. Falls back to ``bind(0)`` when the range starts too low."""
+    every ``connect()`` takes its local port: in a server-client scenario's own network
+    namespace, one of the job's own listeners took a sampling worker's rendezvous port first
+    (EADDRINUSE, the worker died, its client never came up). Below the range only another
+    explicit pick can collide: random, and checked by a bind here. Falls back to ``bind(0)``
+    when the range starts too low."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     low, _ = ephemeral_ports()
     rng = random.SystemRandom()
     for _ in range(100):
-        port = rng.randrange(10000, low) if low > 11000 else 0
+        port = rng.randrange(10000, low) if low > 11000 else 0  # no room below: the kernel's
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
