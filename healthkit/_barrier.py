@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import attrs
 
+from healthkit import _jobnotice
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import (
     HealthkitError,
@@ -340,6 +341,9 @@ class BoundedBarrier:
             error = self._diagnose(
                 outcome, watches, elapsed, diagnoser or self._diagnoser or ExitDiagnoser()
             )
+            # Under a launcher, the rest of the job learns why this rank stops (a no-op
+            # unless a watchdog armed here started the job's notice).
+            _jobnotice.publish_error(self.name, error)
             abort_thread = self._break_for_survivors()
             if on_failure is not None:
                 on_failure(error)

@@ -112,6 +112,9 @@ class Diagnosis:
     #: one (:func:`healthkit.record_exception`): type, message, last frames, and the record
     #: file holding the full traceback.
     exception: HelperException | None = None
+    #: Where the failure happened when it was not in this process's tree: another rank of
+    #: the job (``node 1 rank 3 (host-b)``), as told by the job-wide notice.
+    elsewhere: str | None = None
 
     @property
     def abnormal(self) -> bool:
@@ -126,6 +129,8 @@ class Diagnosis:
 
     def __str__(self) -> str:
         line = f"{self.who} {self.what}"
+        if self.elsewhere:
+            line = f"stopped because {self.elsewhere}: {line}"
         if self.likely:
             line += f": {self.likely}"
         if self.evidence:

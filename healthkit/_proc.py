@@ -222,3 +222,22 @@ def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
         out.extend(kids)
         todo.extend(kids)
     return out
+
+
+def group_members(pgrp: int, proc_root: str = "/proc") -> list[int]:
+    """Every live process of process group ``pgrp`` (zombies left out). Used for the helpers
+    of a process that died: reparented, they can no longer be found below it."""
+    check_pid(pgrp, "pgrp")
+    proc_root = path_arg(proc_root, "proc_root")
+    out: list[int] = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = read_proc_stat(int(entry), proc_root)
+        if stat is not None and stat.pgrp == pgrp and stat.state not in ("Z", "X"):
+            out.append(stat.pid)
+    return out

@@ -80,8 +80,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from healthkit import _judge, _stopsignals
+from healthkit import _jobnotice, _judge, _stopsignals
 from healthkit._actions import (
+    TORCHELASTIC_ERROR_FILE,
     FailureEvent,
     flush_logging,
     log_diagnosis,
@@ -91,7 +92,7 @@ from healthkit._decide import Decision, check_on_clean_exit
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
-from healthkit._proc import read_pending_signals, read_proc_stat
+from healthkit._proc import ProcStat, group_members, read_pending_signals, read_proc_stat
 from healthkit._stop import add_stopping_listener, remove_stopping_listener, stop, watch_tree
 from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
@@ -237,7 +238,15 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
-    def __init__(self, *, name: str, kill_after: float, stop_grace: float) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        kill_after: float,
+        stop_grace: float,
+        witness: bool = False,
+        job: _jobnotice.JobScope | None = None,
+    ) -> None:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
@@ -270,6 +279,9 @@ class SidecarLink:
             stop_grace=stop_grace,
             second_look=_judge.SECOND_LOOK_S,
             logging=log_plan,
+            witness=witness,
+            job=job.to_dict() if job is not None else None,
+            error_file=os.environ.get(TORCHELASTIC_ERROR_FILE),
         )
         self._expect("ready")
         if self._relay_to:
@@ -464,6 +476,9 @@ class _RelayHandler(logging.Handler):
 # How long the sidecar waits for the owner to hand its lines to the handlers it could not
 # write through, before it stops the owner (whose GIL may be held: then nobody answers).
 _OWNER_LOGGED_WAIT_S = 0.5
+# A rank that exits with a code is often a consequence of another rank's failure (its
+# collective saw the peer vanish): its witness waits this long for that notice first.
+_EXIT_CODE_NOTICE_DELAY_S = 2.0
 
 
 class _Sidecar:
@@ -487,6 +502,10 @@ class _Sidecar:
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
+        self.disarmed = False  # the owner said so: its end after that is not ours to tell
+        self.job: _jobnotice.JobScope | None = None
+        self.notice: _jobnotice.JobFailure | None = None  # another rank's, to act on
+        self.owner_stat: ProcStat | None = None
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -547,6 +566,7 @@ class _Sidecar:
         op = msg["op"]
         if op == "disarm":
             self.done = True
+            self.disarmed = True
         elif op == "logged":
             self.owner_logged = True
         elif op == "stop":
@@ -678,11 +698,20 @@ class _Sidecar:
     def fire(self, record: Watched, status: ExitStatus, excused: Decision | None) -> None:
         if self.fired:
             return
-        self.fired = True
-        config = self.config
         diagnosis = self.describe(record, status)
         if excused is not None:
             diagnosis = survived_stop_wording(diagnosis, excused)
+        if self.job is not None:
+            _jobnotice.publish(_jobnotice.JobFailure.of(
+                diagnosis, self.job, origin_pid=int(self.config["owner_pid"])))
+        self.fire_event(diagnosis)
+
+    def fire_event(self, diagnosis: Diagnosis) -> None:
+        """Log ``diagnosis``, write the owner's error file, stop the owner and its helpers."""
+        if self.fired:
+            return
+        self.fired = True
+        config = self.config
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
         for action in (log_diagnosis(), write_torchelastic_error_file()):
             try:
@@ -717,6 +746,99 @@ class _Sidecar:
                 other.watch.terminate()
         self.done = True
 
+    # ---- the job-wide notice
+    def follow(self, failure: _jobnotice.JobFailure) -> None:
+        """Another rank failed first (the listener thread calls this): tell it in the
+        owner's log and error file, then stop the owner as for a failure of our own."""
+        if failure.origin_pid == self.config["owner_pid"]:
+            return
+        self.notice = failure
+        self.waits.wake()  # the main loop acts: one thread judges and acts
+
+    def witness_owner_end(self) -> None:
+        """The owner itself ended while armed: if that was a failure (a kill that no stop
+        explains, a crash, an exit code with no error file written), write the rank's
+        torchelastic error file with its diagnosis, then tell the job. A stop (SIGTERM,
+        SIGINT, SIGHUP, or any end while a stop signal is under way) is never told."""
+        assert self.owner is not None and self.diagnoser is not None
+        status = self.owner.wait(1.0)
+        if status is None or status.returncode is None or status.returncode == 0:
+            return  # still running, or an end we cannot read: nothing to say
+        self.read_pending_messages()
+        if self.disarmed:
+            return
+        now = time.monotonic()
+        code = status.returncode
+        if code < 0:
+            sig = signal.Signals(-code)
+            if sig in STOP_SIGNALS:
+                return
+            if sig is signal.SIGKILL and self.episode(now) is not None:
+                return  # the launcher's SIGKILL after its stop's grace
+        else:
+            if self.episode(now) is not None:
+                return
+            path = self.config.get("error_file")
+            if path and os.path.exists(path):
+                return  # the rank wrote its own story (@record, a watchdog, a notice)
+        name = self.rank_name()
+        diagnosis = self.diagnoser.diagnose(
+            self.owner, name=name, pid=self.owner.pid,
+            start_time=(self.owner_stat.start_time if self.owner_stat else None),
+        )
+        event = FailureEvent(diagnosis, self.config["name"] + " (witness)", self.owner.pid)
+        write_torchelastic_error_file(self.config.get("error_file"))(event)
+        log_diagnosis()(event)
+        flush_logging(logger)
+        self.stop_orphans()
+        if self.job is None:
+            return
+        if code > 0:
+            # An exit code is often the consequence of another rank's failure (a collective
+            # that saw the peer vanish): let the cause's notice arrive first.
+            _jobnotice.start(self.job)
+            time.sleep(_EXIT_CODE_NOTICE_DELAY_S)
+        else:
+            _jobnotice.start(self.job)
+        _jobnotice.publish(_jobnotice.JobFailure.of(diagnosis, self.job,
+                                                    origin_pid=self.owner.pid))
+
+    def stop_orphans(self) -> None:
+        """Stop what the dead owner left in its own process group (its helpers, now
+        reparented): a launcher signals the group of a rank it stops, but not of a rank that
+        died by itself, so a daemon helper of an OOM-killed rank would outlive the job.
+        Only when the owner led its group (torchrun starts each rank in a session of its
+        own): a group it merely joined may hold processes that are not its."""
+        assert self.owner is not None
+        stat = self.owner_stat
+        if stat is None or stat.pgrp != self.owner.pid:
+            return
+        watches: list[ProcessWatch] = []
+        for pid in group_members(stat.pgrp):
+            if pid == os.getpid():
+                continue
+            listed = read_proc_stat(pid)
+            try:
+                watch = ProcessWatch(pid, name=f"pid {pid}")
+            except NoSuchProcessError:
+                continue
+            again = read_proc_stat(pid)
+            if listed is None or again is None or again.start_time != listed.start_time:
+                watch.close()  # the pid was reused between the listing and the pidfd
+                continue
+            watches.append(watch)
+        if watches:
+            stop(watches, kill_after=float(self.config["kill_after"]),
+                 name="the dead rank's helpers")
+            for watch in watches:
+                watch.close()
+
+    def rank_name(self) -> str:
+        job = self.job
+        if job is not None and job.rank is not None:
+            return f"rank {job.rank}"
+        return "the owner"
+
     # ---- main loop
     def run(self) -> int:
         while not self.config:
@@ -731,6 +853,7 @@ class _Sidecar:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:
             return 0
+        self.owner_stat = read_proc_stat(self.owner.pid)
         self.handlers = _stopsignals.HandlerWatch(self.owner.pid)
         self.handlers.learn()  # the owner waits in arm() for "ready": no handler is running
         self.diagnoser = ExitDiagnoser()
@@ -749,12 +872,25 @@ class _Sidecar:
         )
         self.waits.add_fd(self.sock.fileno(), self.on_control)
         self.waits.add(self.owner)
+        job = self.config.get("job")
+        if job is not None:
+            self.job = _jobnotice.JobScope.from_dict(job)
+            if not self.config.get("witness"):
+                # Sidecar mode: this process publishes the owner's failures and acts on the
+                # other ranks' (the owner's GIL may be held). A witness starts its link only
+                # if the owner dies (torch is imported then, not for every healthy rank).
+                _jobnotice.start(self.job)
+                _jobnotice.subscribe(self.follow)
         self.sock.sendall(_line(op="ready"))
         with self.waits:
             while True:
                 while self.seen and not self.done:
                     self.on_death(self.seen.pop(0))
+                if self.notice is not None and not self.done and not self.fired:
+                    self.fire_event(self.notice.diagnosis())
                 if self.done:
+                    if not self.disarmed and not self.fired:
+                        self.witness_owner_end()
                     return 0
                 due = Judge.next_due(list(self.records.values()))
                 timeout = max(0.0, due - time.monotonic()) if due is not None else None
@@ -763,7 +899,7 @@ class _Sidecar:
                     self.read_pending_messages()
                     self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())
                     if self.owner_gone():
-                        return 0
+                        self.done = True
 
 
 def main(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-from healthkit import _stopsignals
+from healthkit import _jobnotice, _stopsignals
 from healthkit._actions import (
     Action,
     FailureEvent,
@@ -169,6 +169,7 @@ class DisarmableWatchdog:
         rss_sample_interval: float | None = None,
         stop_grace: float = DEFAULT_STOP_GRACE_S,
         kill_grace: float | None = None,
+        job_notice: bool | None = None,
     ) -> None:
         if mode not in ("thread", "sidecar"):
             raise InvalidArgumentError(f"mode must be 'thread' or 'sidecar', got {mode!r}", "mode")
@@ -188,6 +189,7 @@ class DisarmableWatchdog:
             )
         self.name = name
         self.mode = mode
+        self._job_notice = _jobnotice.notice_wanted(job_notice) if job_notice is not None else None
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
         self.exit_code = check_exit_code(exit_code, "exit_code")
         kill_after = renamed_argument("kill_grace", kill_grace, "kill_after", kill_after, 2.0)
@@ -221,6 +223,9 @@ class DisarmableWatchdog:
         self._set: WatchSet | None = None
         self._sidecar: SidecarLink | None = None
         self._sidecar_watch: ProcessWatch | None = None
+        self._witness: SidecarLink | None = None  # thread mode under a launcher: see arm()
+        self._witness_watch: ProcessWatch | None = None
+        self._job: _jobnotice.JobScope | None = None
         self._judge = Judge(
             name=self.name,
             log=logger,
@@ -358,9 +363,13 @@ class DisarmableWatchdog:
             self._armed = True
             _ARMED.add(self)
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
+            self._job = self._join_job()
             if self.mode == "sidecar" and not self._interactive:
                 link = SidecarLink(
-                    name=self.name, kill_after=self.kill_after, stop_grace=self.stop_grace
+                    name=self.name,
+                    kill_after=self.kill_after,
+                    stop_grace=self.stop_grace,
+                    job=self._job,
                 )
                 self._sidecar = link
                 for record in self._records.values():
@@ -375,12 +384,53 @@ class DisarmableWatchdog:
                             watch_set.remove_fd(fd)  # closed: its death is seen on its own
 
                     watch_set.add_fd(fd, take_messages)
+            elif self._job is not None and not self._interactive:
+                # Beside the rank: names the rank's own death (an OOM kill of the trainer
+                # itself) in its error file and tells the job. It imports nothing heavy
+                # unless the rank dies.
+                self._witness = SidecarLink(
+                    name=self.name,
+                    kill_after=self.kill_after,
+                    stop_grace=self.stop_grace,
+                    witness=True,
+                    job=self._job,
+                )
+                self._witness_watch = self._witness.process_watch()
+                watch_set.add(self._witness_watch)
             self._set = watch_set
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
             )
             _stopsignals.start_without_signals(self._thread)
             return self
+
+    def _join_job(self) -> _jobnotice.JobScope | None:
+        """Under a launcher that gives the job a store (torchrun): start this process's
+        link to it and, in thread mode, follow the other ranks' failures. An interactive
+        session never follows (its kernel is not a rank to end)."""
+        wanted = (
+            self._job_notice if self._job_notice is not None else _jobnotice.notice_wanted(None)
+        )
+        if not wanted:
+            return None
+        link = _jobnotice.start()
+        if link is None:
+            return None
+        if self.mode == "thread" and not self._interactive:
+            _jobnotice.subscribe(self._follow)
+        return link.scope
+
+    def _follow(self, failure: _jobnotice.JobFailure) -> None:
+        """Another rank failed first: this rank stops too, naming that failure (the
+        listener thread calls this). Process groups are aborted first, so a collective
+        blocked on the dead peer returns and teardown cannot hang."""
+        with self._lock:
+            if self._fired is not None or not self._armed or self._inert:
+                return
+            diagnosis = failure.diagnosis()
+            self._fired = diagnosis
+        _jobnotice.abort_process_groups()
+        self._run_actions(FailureEvent(diagnosis, self.name))
 
     def _for_interactive_shell(self) -> None:
         """In an IPython shell (a Jupyter kernel), ending the process would end the kernel
@@ -433,6 +483,8 @@ class DisarmableWatchdog:
             thread, self._thread = self._thread, None
             watch_set, self._set = self._set, None
             sidecar, self._sidecar = self._sidecar, None
+            witness, self._witness = self._witness, None
+        _jobnotice.unsubscribe(self._follow)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()
@@ -442,6 +494,8 @@ class DisarmableWatchdog:
             watch_set.close()
         if sidecar is not None:
             sidecar.disarm(timeout)
+        if witness is not None:
+            witness.disarm(timeout)
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:
@@ -460,6 +514,9 @@ class DisarmableWatchdog:
         if self._sidecar_watch is not None:
             self._sidecar_watch.close()
             self._sidecar_watch = None
+        if self._witness_watch is not None:
+            self._witness_watch.close()
+            self._witness_watch = None
         if self._owns_diagnoser and self._diagnoser is not None:
             self._diagnoser.close()
             self._diagnoser, self._owns_diagnoser = None, False
@@ -525,6 +582,8 @@ class DisarmableWatchdog:
         self._set = None
         self._sidecar = None
         self._sidecar_watch = None
+        self._witness = None
+        self._witness_watch = None
 
     def _run(self) -> None:
         try:
@@ -562,6 +621,9 @@ class DisarmableWatchdog:
                 watch_set.remove(watch)
                 if watch is self._sidecar_watch:
                     self._sidecar_died(watch)
+                    continue
+                if watch is self._witness_watch:
+                    self._witness_died(watch)
                     continue
                 record = self._records.get(id(watch))
                 if record is None:
@@ -626,6 +688,21 @@ class DisarmableWatchdog:
                 with self._judging:
                     self._judge.judge(r, r.watch.status)  # ended while the sidecar decided
 
+    def _witness_died(self, watch: ProcessWatch) -> None:
+        """The witness is gone while armed: helpers are still watched from here, but this
+        rank's own death would no longer be named. Said once, at WARNING."""
+        with self._lock:
+            witness, self._witness = self._witness, None
+            if not self._armed or witness is None:
+                return
+        logger.warning(
+            "%s: the process beside this rank that names its own death is gone (%s); "
+            "helpers are still watched",
+            self.name,
+            watch.poll(),
+        )
+        witness.close()
+
     def _brief(self, record: Watched, status: ExitStatus) -> Diagnosis:
         diagnoser = self._diagnoser
         assert diagnoser is not None and record.watch is not None
@@ -653,7 +730,12 @@ class DisarmableWatchdog:
             self._fired = full
             return full
 
-        self._run_actions(FailureEvent(explain, self.name, brief=brief))
+        event = FailureEvent(explain, self.name, brief=brief)
+        if self._job is not None:
+            # Tell the job before acting here (the actions may end this process), with the
+            # evidence: the other nodes read it in their own summaries.
+            _jobnotice.publish_diagnosis(event.diagnosis)
+        self._run_actions(event)
 
     def _run_actions(self, event: FailureEvent) -> None:
         if threading.current_thread() is self._thread:

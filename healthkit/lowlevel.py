@@ -1,6 +1,7 @@
 """The plumbing under the primitives, for integrations and for users who build their own.
 
-Stable, but not what most code needs: the firing rule, stop-signal notes, prctl helpers,
+Stable, but not what most code needs: the firing rule, stop-signal notes, the job-wide
+failure notice for failures that are not watched deaths, prctl helpers,
 stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
 use them too, so their errors are the core's), environment-variable readers, ``/proc``
 readers, and the log flush to call before ``os._exit``.
@@ -21,6 +22,7 @@ from healthkit._errors import (
     check_timeout,
     renamed_argument,
 )
+from healthkit._jobnotice import publish_job_failure
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_stack_dumps
@@ -54,6 +56,7 @@ __all__ = [
     "env_seconds",
     "flush_logging",
     "note_stop",
+    "publish_job_failure",
     "read_env_seconds",
     "read_proc_stat",
     "renamed_argument",

@@ -253,6 +253,7 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "rss_sample_interval": Case(lambda e: DisarmableWatchdog(rss_sample_interval=0.001)),
         "stop_grace": Case(lambda e: DisarmableWatchdog(stop_grace=NAN)),
         "kill_grace": Case(lambda e: DisarmableWatchdog(kill_grace=-1)),
+        "job_notice": Case(lambda e: DisarmableWatchdog(job_notice="on"), T),  # type: ignore[arg-type]
     },
     "healthkit.ExitDiagnoser": {
         "proc_root": Case(lambda e: healthkit.ExitDiagnoser(proc_root=5), T),
@@ -345,6 +346,10 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     },
     "healthkit.actions.write_torchelastic_error_file": {
         "path": Case(lambda e: actions.write_torchelastic_error_file(5), T),
+    },
+    "healthkit.lowlevel.publish_job_failure": {
+        "failure": Case(lambda e: lowlevel.publish_job_failure("oom"), T),  # type: ignore[arg-type]
+        "name": Case(lambda e: lowlevel.publish_job_failure(ValueError("x"), name=5), T),  # type: ignore[arg-type]
     },
     "healthkit.lowlevel.children": {
         "pid": Case(lambda e: lowlevel.children("1"), T),

@@ -71,6 +71,7 @@ from healthkit.lowlevel import (
     check_callable,
     check_int,
     check_seconds,
+    publish_job_failure,
     renamed_argument,
 )
 from healthkit_glt._compat import RingSegment
@@ -597,6 +598,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         )
         self._failure = err
         self._shutdown = True
+        publish_job_failure(err, name="healthkit_glt sampling producer")
         self._teardown(grace=0.0, send_stop=False)
         return err
 
@@ -623,6 +625,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             "\n".join(lines), first, rank=rank, diagnoses=tuple(d for _, d in dead)
         )
         self._failure = err
+        publish_job_failure(first)  # the other ranks of the job learn why this one stops
         # Survivors are usually parked in ShmChannel.send() and will never read STOP.
         self._shutdown = True
         self._teardown(grace=0.0, send_stop=False)

@@ -1,0 +1,267 @@
+"""One failure, one story, on every node: two real torchrun agents as two nodes on localhost
+(c10d rendezvous, 2 ranks each, gloo). A helper's (or a rank's own) death on node 1 ends
+every rank of both nodes, and each node's torchrun summary names the real cause; a healthy
+end, a finished rank and a launcher's stop publish nothing."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch.distributed as dist
+from multinode import Job, memory_cgroup, remove_cgroup, root_cause
+from testutil import free_port
+
+import healthkit as hk
+from healthkit import _jobnotice
+from healthkit._jobnotice import JobFailure, JobScope, StoreLink
+
+# How long a stock (or silent) node is watched after the death to call it hung: the healthkit
+# jobs end in well under a second here.
+HUNG_AFTER_S = 8.0
+
+
+def _kill(pid: int) -> float:
+    t = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    return t
+
+
+def _helper_of_node_1(job: Job) -> tuple[int, int]:
+    rank, (_, _, helper) = sorted(job.by_node(1).items())[0]
+    return rank, helper
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("mode", "phase"),
+    [("thread", "collective"), ("thread", "local"), ("thread", "compute"), ("sidecar", "local")],
+)
+def test_a_helpers_death_on_one_node_ends_every_rank_and_every_summary_names_it(
+    mode: str, phase: str
+) -> None:
+    """Node 0's ranks are (a) in a gloo all_reduce with node 1, (b) in a node-local
+    collective and a wait on their own healthy helper (what NCCL's silence looks like), or
+    (c) computing. Node 1's rank 2 loses its helper: every rank of both nodes is gone in
+    seconds, and both summaries name the helper and how it died."""
+    job = Job(["--healthkit", "--mode", mode, "--phase-a", phase])
+    try:
+        job.wait_ready()
+        rank, helper = _helper_of_node_1(job)
+        time.sleep(1.0)  # the job is running
+        killed = _kill(helper)
+        gone = job.wait_gone(job.ranks(), killed, 60)
+    finally:
+        results = job.finish()
+    assert gone is not None, job.texts()
+    cause = f"sampler-server (pid {helper}) was killed by SIGKILL"
+    node0 = job.agents.index(job.agent_of(0))
+    for i, (rc, out) in enumerate(results):
+        assert rc not in (0, None), out
+        root = root_cause(out)
+        assert cause in root, f"agent {i}:\n{out}"
+        if i == node0:  # the other node says where it happened
+            assert re.search(rf"stopped because node 1 rank {rank} \([^)]*\): {re.escape(cause)}",
+                             root), out
+
+
+@pytest.mark.timeout(240)
+def test_without_healthkit_the_other_node_hangs_and_names_nothing() -> None:
+    """The same job and kill, stock: node 0's ranks (in a node-local wait) are still running
+    long after node 1's helper died (until the collective timeout, 10 min here)."""
+    job = Job(["--phase-a", "local"])
+    try:
+        job.wait_ready()
+        _, helper = _helper_of_node_1(job)
+        time.sleep(1.0)
+        killed = _kill(helper)
+        node0 = [pid for _, pid, _ in job.by_node(0).values()]
+        gone = job.wait_gone(node0, killed, HUNG_AFTER_S)
+    finally:
+        results = job.finish(timeout=1)
+    assert gone is None, "stock node 0 ended by itself:\n" + job.texts()
+    assert not any("stopped because" in out for _, out in results)
+
+
+@pytest.mark.timeout(240)
+def test_a_healthy_end_and_a_rank_that_finishes_early_publish_nothing() -> None:
+    """Every rank finishes (rank 3 at once, the others after 300 steps), disarming on the
+    way: both agents succeed, no error file is written, no rank is stopped."""
+    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
+               "--finish", "300", "--exit-early", "3"])  # fmt: skip
+    try:
+        job.wait_ready()
+        results = job.finish(timeout=120)
+    finally:
+        job.kill_all()
+    for rc, out in results:
+        assert rc == 0, out
+        assert "stopped because" not in out and "healthkit watchdog" not in out, out
+    assert len(re.findall(r"JOB DONE", "\n".join(o for _, o in results))) == 4
+
+
+@pytest.mark.timeout(240)
+def test_a_launchers_stop_of_one_node_is_not_told_to_the_other() -> None:
+    """A scheduler preempts node 1 (SIGTERM to its agent, which SIGTERMs its ranks' process
+    groups): node 1's ranks and helpers die of that stop, and node 0's ranks (computing) are
+    not told to stop: nothing publishes a stop."""
+    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute"])
+    try:
+        job.wait_ready()
+        time.sleep(1.0)
+        agent1 = job.agent_of(1)
+        agent1.proc.send_signal(signal.SIGTERM)
+        node1 = [p for _, pid, helper in job.by_node(1).values() for p in (pid, helper)]
+        assert job.wait_gone(node1, time.monotonic(), 60) is not None, job.texts()
+        node0 = [pid for _, pid, _ in job.by_node(0).values()]
+        still = job.wait_gone(node0, time.monotonic(), 4.0)
+    finally:
+        results = job.finish(timeout=1)
+    assert still is None, "node 0 was stopped by node 1's preemption:\n" + job.texts()
+    assert not any("stopped because" in out for _, out in results), job.texts()
+
+
+@pytest.mark.timeout(240)
+def test_a_ranks_own_oom_kill_is_named_on_its_node_and_on_the_other() -> None:
+    """Rank 3 (node 1) is OOM-killed in a 256 MiB memory cgroup: the process beside it
+    writes its error file (torchrun's root cause: OOM confirmed, with the rank's evidence)
+    and tells the job, so node 0's summary names rank 3 too."""
+    cgroup = memory_cgroup(256 << 20)
+    if cgroup is None:
+        pytest.skip("a real OOM kill needs root and a cgroup v1 memory controller here")
+    try:
+        job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
+                   "--rank-oom", "3", "--cgroup", cgroup])  # fmt: skip
+        try:
+            job.wait_ready()
+            node1 = [p for _, pid, helper in job.by_node(1).values() for p in (pid, helper)]
+            gone = job.wait_gone(job.ranks(), time.monotonic(), 90)
+        finally:
+            results = job.finish()
+    finally:
+        remove_cgroup(cgroup)
+    assert gone is not None and node1, job.texts()
+    for rc, out in results:
+        assert rc not in (0, None), out
+        root = root_cause(out)
+        assert re.search(r"rank 3 \(pid \d+\) was killed by SIGKILL: the kernel's OOM killer "
+                         r"\(confirmed\)", root), out
+    node0 = results[job.agents.index(job.agent_of(0))][1]
+    assert re.search(r"stopped because node 1 rank 3 \([^)]*\): rank 3", root_cause(node0)), node0
+
+
+# ---------------------------------------------------------------- the notice itself
+class Store:
+    """A real TCPStore server in this process, and the links the test made to it. Torn
+    down in order: links closed, server gone (their blocked waits then end), threads joined."""
+
+    def __init__(self) -> None:
+        self.servers = [dist.TCPStore("127.0.0.1", free_port(), is_master=True,
+                                      wait_for_workers=False,
+                                      timeout=datetime.timedelta(seconds=30))]
+        self.port = self.servers[0].port
+        self.links: list[StoreLink] = []
+
+    def scope(self, restart: int = 0, rank: int = 0) -> JobScope:
+        return JobScope(addr="127.0.0.1", port=self.port, run_id="t", restart=restart,
+                        rank=rank, node_rank=rank, local_rank=0, host="h")
+
+    def link(self, scope: JobScope, on: Callable[[JobFailure], None]) -> StoreLink:
+        link = StoreLink(scope, on)
+        self.links.append(link)
+        return link
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+        self.servers.clear()
+        for link in self.links:
+            link.join(20)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_store_singletons() -> None:
+    """torch keeps a pipe for the life of the process from its first TCPStore on: made
+    here, before the per-test leak check, it is not taken for a test's leak."""
+    dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    s = Store()
+    yield s
+    s.close()
+
+
+def _failure(scope: JobScope) -> JobFailure:
+    d = hk.ExitDiagnoser().diagnose(-9, name="sampler-server", pid=4242, evidence=False)
+    return JobFailure.of(d, scope, origin_pid=1)
+
+
+@pytest.mark.timeout(60)
+def test_a_notice_from_one_restart_round_never_ends_the_next(store: Store) -> None:
+    got: dict[int, JobFailure] = {}
+    events = {r: threading.Event() for r in (0, 1)}
+
+    def listener(restart: int) -> StoreLink:
+        def on(f: JobFailure) -> None:
+            got[restart] = f
+            events[restart].set()
+        return store.link(store.scope(restart, rank=5), on)
+
+    round1 = listener(1)
+    round0 = listener(0)
+    publisher = store.link(store.scope(0, rank=1), lambda f: None)
+    assert publisher.publish(_failure(publisher.scope))
+    assert events[0].wait(10), "round 0's listener was not told"
+    assert round0 is not round1
+    assert not events[1].wait(1.5), "round 1 was told of round 0's failure"
+    told = got[0].diagnosis()
+    assert str(told).startswith("stopped because node 1 rank 1 (h): sampler-server (pid 4242)")
+    assert told.signal is signal.SIGKILL and told.cause is hk.Cause.SIGKILL_UNCONFIRMED
+    # Only the first failure is published: a second rank's is not (it is a consequence).
+    assert not publisher.publish(_failure(publisher.scope))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "raw",
+    [b"\x00\xff not json", b'{"v": 2}', b'{"v": 1, "origin": 5}', b"[" * 20000,
+     b'{"v": 1, "origin": "x", "evidence": [], "wall_time": "nan"}'],
+)
+def test_a_malformed_or_oversized_notice_is_ignored_not_obeyed(store: Store, raw: bytes) -> None:
+    """The store is unauthenticated: a notice is data, checked field by field and bounded."""
+    told = threading.Event()
+    store.link(store.scope(), lambda f: told.set())
+    store.servers[0].set(store.scope().key, raw)
+    time.sleep(1.0)
+    assert not told.is_set()
+    with pytest.raises(ValueError):
+        JobFailure.from_bytes(raw)
+
+
+def test_the_switch_is_read_strictly() -> None:
+    assert _jobnotice.notice_wanted(None, {}) is True
+    assert _jobnotice.notice_wanted(None, {"HEALTHKIT_JOB_NOTICE": "0"}) is False
+    assert _jobnotice.notice_wanted(None, {"HEALTHKIT_JOB_NOTICE": " off "}) is False
+    assert _jobnotice.notice_wanted(False, {"HEALTHKIT_JOB_NOTICE": "1"}) is False
+    with pytest.raises(hk.InvalidArgumentError, match="HEALTHKIT_JOB_NOTICE"):
+        _jobnotice.notice_wanted(None, {"HEALTHKIT_JOB_NOTICE": "maybe"})
+    with pytest.raises(hk.InvalidArgumentTypeError, match="job_notice"):
+        hk.DisarmableWatchdog(job_notice="yes")  # type: ignore[arg-type]
+    assert JobScope.from_env({}) is None
+    assert JobScope.from_env({"MASTER_ADDR": "h", "MASTER_PORT": "99999"}) is None
+    scope = JobScope.from_env({"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "3",
+                               "GROUP_RANK": "1", "TORCHELASTIC_RUN_ID": "r",
+                               "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert scope is not None and scope.key == "healthkit/job-failure/v1/r/2/notice"
+    assert scope.origin.startswith("node 1 rank 3 (")
