@@ -303,6 +303,10 @@ class SidecarLink:
     def pid(self) -> int:
         return self._proc.pid
 
+    def process_watch_status(self) -> int | None:
+        """The sidecar's exit code if it has ended (it is then reaped), else None."""
+        return self._proc.poll()
+
     def process_watch(self) -> ProcessWatch:
         """A watch on the sidecar itself, so the owner notices if it dies."""
         return ProcessWatch(self._proc, name="healthkit sidecar")

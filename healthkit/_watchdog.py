@@ -104,6 +104,48 @@ def _after_fork_in_child() -> None:
     for wd in list(_ARMED):
         wd._become_inert()
     _ARMED.clear()
+    _WITNESS.forget()
+
+
+class _SharedWitness:
+    """One witness per process, shared by the thread-mode watchdogs armed in it: the rank
+    dies once, and one process is enough to say so."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._link: SidecarLink | None = None
+        self._users: set[int] = set()
+
+    def acquire(self, wd: DisarmableWatchdog, job: _jobnotice.JobScope) -> SidecarLink:
+        with self._lock:
+            link = self._link
+            if link is not None and link.process_watch_status() is not None:
+                link.close()  # it died: a new one for the watchdogs armed from now on
+                link = None
+            if link is None:
+                link = SidecarLink(
+                    name=wd.name, kill_after=wd.kill_after, stop_grace=wd.stop_grace,
+                    witness=True, job=job,
+                )  # fmt: skip
+                self._link = link
+            self._users.add(id(wd))
+            return link
+
+    def release(self, wd: DisarmableWatchdog, timeout: float | None) -> None:
+        with self._lock:
+            self._users.discard(id(wd))
+            if self._users or self._link is None:
+                return
+            link, self._link = self._link, None
+        link.disarm(timeout)
+
+    def forget(self) -> None:
+        """In a forked child: the witness is the parent's; never touch it."""
+        self._link = None
+        self._users = set()
+
+
+_WITNESS = _SharedWitness()
 
 
 def _install_hooks() -> None:
@@ -388,13 +430,7 @@ class DisarmableWatchdog:
                 # Beside the rank: names the rank's own death (an OOM kill of the trainer
                 # itself) in its error file and tells the job. It imports nothing heavy
                 # unless the rank dies.
-                self._witness = SidecarLink(
-                    name=self.name,
-                    kill_after=self.kill_after,
-                    stop_grace=self.stop_grace,
-                    witness=True,
-                    job=self._job,
-                )
+                self._witness = _WITNESS.acquire(self, self._job)
                 self._witness_watch = self._witness.process_watch()
                 watch_set.add(self._witness_watch)
             self._set = watch_set
@@ -495,7 +531,7 @@ class DisarmableWatchdog:
         if sidecar is not None:
             sidecar.disarm(timeout)
         if witness is not None:
-            witness.disarm(timeout)
+            _WITNESS.release(self, timeout)
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:
@@ -695,13 +731,13 @@ class DisarmableWatchdog:
             witness, self._witness = self._witness, None
             if not self._armed or witness is None:
                 return
+        _WITNESS.release(self, 0)
         logger.warning(
             "%s: the process beside this rank that names its own death is gone (%s); "
             "helpers are still watched",
             self.name,
             watch.poll(),
         )
-        witness.close()
 
     def _brief(self, record: Watched, status: ExitStatus) -> Diagnosis:
         diagnoser = self._diagnoser

@@ -15,18 +15,19 @@ from linereader import LineReader
 from testutil import free_port
 
 JOB = str(Path(__file__).parent / "scripts" / "multinode_job.py")
-READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+)"
+READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+) round=(\d+)"
 
 
 class Agent:
     """One torchrun agent (a "node"), in its own session so all it started can be found."""
 
     def __init__(self, port: int, run_id: str, nproc: int, job_args: list[str],
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], max_restarts: int = 0) -> None:
         self.cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
             f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}", "--max_restarts=0",
+            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
+            f"--max_restarts={max_restarts}",
             "--monitor_interval=0.1", JOB, *job_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
@@ -43,25 +44,29 @@ class Agent:
 class Job:
     """Two agents; agent 0 is started first, so it hosts the rendezvous store."""
 
-    def __init__(self, job_args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, job_args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None,
+                 max_restarts: int = 0) -> None:
         port = free_port()
         run_id = f"hk{os.getpid()}{time.monotonic_ns() % 100000}"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.nproc = nproc
-        self.agents = [Agent(port, run_id, nproc, job_args, full_env)]
+        self.agents = [Agent(port, run_id, nproc, job_args, full_env, max_restarts)]
         time.sleep(1.0)  # agent 0 binds the endpoint: it hosts the store
-        self.agents.append(Agent(port, run_id, nproc, job_args, full_env))
+        self.agents.append(Agent(port, run_id, nproc, job_args, full_env, max_restarts))
         self.known: set[int] = {a.proc.pid for a in self.agents}
 
-    def wait_ready(self, timeout: float = 150) -> None:
+    def wait_ready(self, timeout: float = 150, round: int = 0) -> None:
+        """Until every rank of restart round ``round`` has said READY."""
         deadline = time.monotonic() + timeout
+        want = self.nproc * (round + 1)
         for agent in self.agents:
-            found = agent.out.matches(READY, self.nproc, max(0.0, deadline - time.monotonic()))
+            found = agent.out.matches(READY, want, max(0.0, deadline - time.monotonic()))
+            found = [m for m in found if int(m.group(5)) == round]
             if len(found) < self.nproc:
                 raise AssertionError("the job never became ready:\n" + self.texts())
+            agent.ready = {}
             for m in found:
-                node, rank, pid, helper = map(int, m.groups())
+                node, rank, pid, helper, _ = map(int, m.groups())
                 agent.ready[rank] = (node, pid, helper)
                 self.known |= {pid, helper}
 

@@ -15,7 +15,10 @@ runs, then, after every rank has said so (a store barrier), loops in the phase i
 there at once without healthkit too). ``--rank-oom`` makes global rank R allocate until its
 memory cgroup (``--cgroup DIR``, joined by the rank itself after arming) OOM-kills it.
 ``--finish N`` ends every rank normally after N steps (the healthy twin); ``--exit-early R``
-makes rank R finish at once and return while the others go on (a rank that finishes early).
+makes rank R finish at once and return while the others go on (a rank that finishes early);
+``--restarted-only`` applies ``--finish`` from torchrun's first restart on (round 0 runs until
+something ends it). ``--no-process-group``: no torch.distributed process group at all (the
+notice needs only torchrun's store); only the ``compute`` phase then.
 """
 
 from __future__ import annotations
@@ -47,18 +50,22 @@ def main() -> None:
     ap.add_argument("--cgroup", default="")
     ap.add_argument("--finish", type=int, default=0)
     ap.add_argument("--exit-early", type=int, default=-1)
+    ap.add_argument("--restarted-only", action="store_true")
+    ap.add_argument("--no-process-group", action="store_true")
     ap.add_argument("--collective-timeout", type=float, default=600)
     args = ap.parse_args()
 
     timeout = datetime.timedelta(seconds=args.collective_timeout)
-    dist.init_process_group("gloo", timeout=timeout)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = not args.no_process_group
+    if pg:
+        dist.init_process_group("gloo", timeout=timeout)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = int(os.environ["GROUP_RANK"])
     local_world = int(os.environ["LOCAL_WORLD_SIZE"])
     groups = [
         dist.new_group(list(range(n * local_world, (n + 1) * local_world)), timeout=timeout)
         for n in range(world // local_world)
-    ]
+    ] if pg else []
     ctx = mp.get_context("fork")
     ours, theirs = ctx.Pipe()
     helper = ctx.Process(target=feeder, args=(theirs,), name="sampler-server", daemon=True)
@@ -67,8 +74,13 @@ def main() -> None:
     if rank == args.rank_oom and args.cgroup:
         with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
-    print(f"READY node={node} rank={rank} pid={os.getpid()} helper={helper.pid}", flush=True)
-    dist.barrier()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if args.restarted_only and restart == 0:
+        args.finish = 0
+    print(f"READY node={node} rank={rank} pid={os.getpid()} helper={helper.pid} "
+          f"round={restart}", flush=True)
+    if pg:
+        dist.barrier()
     phase = args.phase_b if node == 1 else args.phase_a
     t = torch.zeros(1)
     hog: list[bytearray] = []
@@ -92,7 +104,7 @@ def main() -> None:
             sum(i * i for i in range(20_000))
     if watchdog is not None:
         watchdog.disarm()
-    if rank != args.exit_early:
+    if pg and rank != args.exit_early:
         dist.destroy_process_group()
     print(f"JOB DONE rank={rank}", flush=True)
     sys.exit(0)

@@ -159,6 +159,30 @@ def test_a_ranks_own_oom_kill_is_named_on_its_node_and_on_the_other() -> None:
     assert re.search(r"stopped because node 1 rank 3 \([^)]*\): rank 3", root_cause(node0)), node0
 
 
+@pytest.mark.timeout(300)
+def test_a_restarted_job_is_not_ended_by_the_notice_of_the_round_before() -> None:
+    """torchrun restarts the job after node 1's helper dies (--max_restarts=1): the notice
+    of round 0 ended round 0 on both nodes, and round 1 runs to its end on both. (Without a
+    process group: gloo itself cannot restart two agents on one host here, stock or not:
+    round 1's mesh connects to round 0's stale addresses in the agent store.)"""
+    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute", "--finish", "300",
+               "--restarted-only", "--no-process-group"], max_restarts=1)  # fmt: skip
+    try:
+        job.wait_ready()
+        _, helper = _helper_of_node_1(job)
+        time.sleep(1.0)
+        _kill(helper)
+        job.wait_ready(timeout=150, round=1)
+        results = job.finish(timeout=150)
+    finally:
+        job.kill_all()
+    for rc, out in results:
+        assert rc == 0, out
+    text = "\n".join(o for _, o in results)
+    assert text.count("stopped because node 1 rank 2") >= 1, text  # round 0 was told
+    assert text.count("JOB DONE") == 4, text  # round 1 ended normally on every rank
+
+
 # ---------------------------------------------------------------- the notice itself
 class Store:
     """A real TCPStore server in this process, and the links the test made to it. Torn
