@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from healthkit import _jobnotice
 from healthkit._diagnosis import Diagnosis
 from healthkit._errors import (
     InvalidArgumentError,
@@ -49,6 +50,7 @@ __all__ = [
 logger = logging.getLogger("healthkit")
 
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+_NOTICE_FLUSH_S = 5.0
 
 
 class FailureEvent:
@@ -295,6 +297,9 @@ class exit_process:
         if self.terminate_children:
             terminate_helper_tree()
         flush_logging()
+        # A job-wide notice still on its way to the launcher's store (bounded: the local
+        # teardown matters more than a late notice).
+        _jobnotice.flush(_NOTICE_FLUSH_S)
         os._exit(self.code)
 
 

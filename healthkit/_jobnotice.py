@@ -385,7 +385,7 @@ class StoreLink:
                 self._on_notice(failure)
             return
 
-    def publish(self, failure: JobFailure, timeout: float = 5.0) -> bool:
+    def publish(self, failure: JobFailure, timeout: float = _CONNECT_TIMEOUT_S) -> bool:
         """Publish ``failure`` unless another rank's came first; False if not published."""
         if not self._ready.wait(timeout) or self._publisher is None:
             logger.warning(
@@ -435,6 +435,7 @@ _fork_hook = False
 def _after_fork_in_child() -> None:
     global _link, _told, _published
     _link = None
+    _pending.clear()
     _subscribers.clear()
     _told = None
     _published = False
@@ -448,7 +449,7 @@ def _deliver(failure: JobFailure) -> None:
         _told = failure
         subscribers = list(_subscribers)
     if not subscribers:
-        logger.info("job notice: %s (no watchdog armed here: nothing to stop)",
+        logger.debug("job notice: %s (no watchdog armed here: nothing to stop)",
                     failure.diagnosis())
     for subscriber in subscribers:
         try:
@@ -495,20 +496,41 @@ def told() -> JobFailure | None:
     return _told
 
 
+_pending: list[threading.Thread] = []
+#: How long a publish waits for the link to be up (torch imported, store reached).
+_READY_WAIT_S = 30.0
+
+
 def publish(failure: JobFailure) -> bool:
     """Publish this process's failure to the job, once, unless it is itself following
-    another rank's notice. Never raises."""
+    another rank's notice: in a background thread, so that the local actions never wait
+    for the store (:func:`flush` waits for it before this process ends). True if a publish
+    was started. Never raises."""
     global _published
     with _lock:
         link = _link
         if link is None or _told is not None or _published:
             return False
         _published = True
-    try:
-        return link.publish(failure)
-    except Exception:  # never let the notice get in the way of the local actions
-        logger.debug("job notice: publish failed", exc_info=True)
-        return False
+
+    def run() -> None:
+        try:
+            link.publish(failure, _READY_WAIT_S)
+        except Exception:  # never let the notice get in the way of the local actions
+            logger.debug("job notice: publish failed", exc_info=True)
+
+    thread = threading.Thread(target=run, name="healthkit job notice publish", daemon=True)
+    thread.start()
+    _pending.append(thread)
+    return True
+
+
+def flush(timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) until the publishes started here are done: called
+    right before this process ends itself (``os._exit`` would lose a notice in flight)."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_pending):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def publish_diagnosis(diagnosis: Diagnosis) -> bool:

@@ -483,6 +483,9 @@ _OWNER_LOGGED_WAIT_S = 0.5
 # A rank that exits with a code is often a consequence of another rank's failure (its
 # collective saw the peer vanish): its witness waits this long for that notice first.
 _EXIT_CODE_NOTICE_DELAY_S = 2.0
+# How long the sidecar waits, before it exits, for its notice to reach the job's store (a
+# witness imports torch for it only once the owner has died).
+_NOTICE_FLUSH_S = 30.0
 
 
 class _Sidecar:
@@ -895,6 +898,7 @@ class _Sidecar:
                 if self.done:
                     if not self.disarmed and not self.fired:
                         self.witness_owner_end()
+                    _jobnotice.flush(_NOTICE_FLUSH_S)  # this process outlives the owner
                     return 0
                 due = Judge.next_due(list(self.records.values()))
                 timeout = max(0.0, due - time.monotonic()) if due is not None else None
