@@ -31,7 +31,7 @@ from healthkit._stop import stop
 from healthkit._watch import ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
 
-SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init")
+SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init", "two-nodes")
 COLLECTIVE_TIMEOUT_S = 1800.0  # NCCL's default, and what the stuck rank would wait for
 SERVER_MEMORY_LIMIT = 256 * 1024 * 1024
 INIT_TIMEOUT_ENV = "SAMPLING_RPC_INIT_TIMEOUT_SECONDS"  # the demo's knob, GiGL-style
@@ -372,6 +372,15 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
     """Run one scenario without and with healthkit; print the story; return both results."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+    if scenario == "two-nodes":  # torchrun agents: its own module (it needs torch)
+        from healthkit import _demo_multinode
+
+        two = _demo_multinode.run(hang_timeout, out)
+        return {
+            label: RunResult("hung" if "HUNG" in outcome else "failed", hang_timeout,
+                             "\n".join(causes), None)
+            for label, (outcome, causes) in two.items()
+        }
     console = Console(out)
     # The stock producer, killed at the end of its run, leaves its barrier's semaphores to
     # multiprocessing's resource tracker, which would warn about them; that is the demo's

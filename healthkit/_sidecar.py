@@ -80,6 +80,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from healthkit import _jobnotice, _judge, _stopsignals
 from healthkit._actions import (
     TORCHELASTIC_ERROR_FILE,
@@ -413,6 +415,12 @@ class SidecarLink:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout)
 
+    def leave(self) -> None:
+        """This process is exiting (its interpreter shuts down): a witness keeps watching
+        until it is gone, to tell an exit code no error file explains. Nothing is waited
+        for; the socket closes with this process."""
+        self._send_quietly(op="exiting")
+
     def disarm(self, timeout: float | None) -> None:
         self._send_quietly(op="disarm")
         if timeout is None:
@@ -510,6 +518,7 @@ class _Sidecar:
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
         self.disarmed = False  # the owner said so: its end after that is not ours to tell
+        self.owner_exiting = False  # its interpreter is shutting down (a witness stays)
         self.job: _jobnotice.JobScope | None = None
         self.notice: _jobnotice.JobFailure | None = None  # another rank's, to act on
         self.owner_stat: ProcStat | None = None
@@ -576,6 +585,8 @@ class _Sidecar:
             self.disarmed = True
         elif op == "logged":
             self.owner_logged = True
+        elif op == "exiting":
+            self.owner_exiting = True  # its exit code is still ours to tell
         elif op == "stop":
             self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
         elif op == "stopped":
@@ -768,7 +779,7 @@ class _Sidecar:
         torchelastic error file with its diagnosis, then tell the job. A stop (SIGTERM,
         SIGINT, SIGHUP, or any end while a stop signal is under way) is never told."""
         assert self.owner is not None and self.diagnoser is not None
-        status = self.owner.wait(1.0)
+        status = self.owner.wait(10.0 if self.owner_exiting else 1.0)
         if status is None or status.returncode is None or status.returncode == 0:
             return  # still running, or an end we cannot read: nothing to say
         self.read_pending_messages()
@@ -793,6 +804,11 @@ class _Sidecar:
             self.owner, name=name, pid=self.owner.pid,
             start_time=(self.owner_stat.start_time if self.owner_stat else None),
         )
+        if code > 0:  # a rank, not a helper: its traceback is in its log, and @record
+            diagnosis = attrs.evolve(diagnosis, hint=(
+                "Its traceback, if it raised, is in its log (stderr); decorate the rank's "
+                "entry point with torch.distributed.elastic.multiprocessing.errors.record to "
+                "have torchrun show it here"))
         event = FailureEvent(diagnosis, self.config["name"] + " (witness)", self.owner.pid)
         write_torchelastic_error_file(self.config.get("error_file"))(event)
         log_diagnosis()(event)

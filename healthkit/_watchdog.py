@@ -91,11 +91,14 @@ def _at_threading_shutdown() -> None:
         _disarm_all_at_shutdown()
 
 
+_AT_SHUTDOWN = "interpreter shutdown"
+
+
 def _disarm_all_at_shutdown() -> None:
     for wd in list(_ARMED):
         try:
             wd._report_death_before_shutdown()
-            wd.disarm(reason="interpreter shutdown")
+            wd.disarm(reason=_AT_SHUTDOWN)
         except Exception:  # never turn a clean exit into a crash
             logger.debug("disarm at shutdown failed", exc_info=True)
 
@@ -131,13 +134,19 @@ class _SharedWitness:
             self._users.add(id(wd))
             return link
 
-    def release(self, wd: DisarmableWatchdog, timeout: float | None) -> None:
+    def release(self, wd: DisarmableWatchdog, timeout: float | None, *, at_exit: bool = False
+                ) -> None:
+        """``at_exit``: this process's interpreter is shutting down: the witness stays until
+        the process is gone (an exit code no error file explains is still a failure)."""
         with self._lock:
             self._users.discard(id(wd))
             if self._users or self._link is None:
                 return
             link, self._link = self._link, None
-        link.disarm(timeout)
+        if at_exit:
+            link.leave()
+        else:
+            link.disarm(timeout)
 
     def forget(self) -> None:
         """In a forked child: the witness is the parent's; never touch it."""
@@ -531,7 +540,7 @@ class DisarmableWatchdog:
         if sidecar is not None:
             sidecar.disarm(timeout)
         if witness is not None:
-            _WITNESS.release(self, timeout)
+            _WITNESS.release(self, timeout, at_exit=reason == _AT_SHUTDOWN)
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:

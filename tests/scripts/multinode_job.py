@@ -17,7 +17,8 @@ memory cgroup (``--cgroup DIR``, joined by the rank itself after arming) OOM-kil
 ``--finish N`` ends every rank normally after N steps (the healthy twin); ``--exit-early R``
 makes rank R finish at once and return while the others go on (a rank that finishes early);
 ``--restarted-only`` applies ``--finish`` from torchrun's first restart on (round 0 runs until
-something ends it). ``--no-process-group``: no torch.distributed process group at all (the
+something ends it). ``--rank-exits R:CODE``: rank R calls ``sys.exit(CODE)`` once running (it writes no error
+file). ``--no-process-group``: no torch.distributed process group at all (the
 notice needs only torchrun's store); only the ``compute`` phase then.
 """
 
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--exit-early", type=int, default=-1)
     ap.add_argument("--restarted-only", action="store_true")
     ap.add_argument("--no-process-group", action="store_true")
+    ap.add_argument("--rank-exits", default="", help="R:CODE: rank R calls sys.exit(CODE)")
     ap.add_argument("--collective-timeout", type=float, default=600)
     args = ap.parse_args()
 
@@ -85,6 +87,11 @@ def main() -> None:
     t = torch.zeros(1)
     hog: list[bytearray] = []
     step = 0
+    if args.rank_exits:
+        who, code = map(int, args.rank_exits.split(":"))
+        if rank == who:
+            time.sleep(0.5)
+            sys.exit(code)  # no error file: nothing here records it
     while args.finish == 0 or step < args.finish:
         step += 1
         if rank == args.exit_early:

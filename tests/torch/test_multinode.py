@@ -183,6 +183,26 @@ def test_a_restarted_job_is_not_ended_by_the_notice_of_the_round_before() -> Non
     assert text.count("JOB DONE") == 4, text  # round 1 ended normally on every rank
 
 
+@pytest.mark.timeout(240)
+def test_a_rank_that_exits_with_a_code_and_no_error_file_is_named_on_both_nodes() -> None:
+    """Rank 3 calls sys.exit(5) (no @record, no error file): its witness stays through the
+    interpreter's exit, writes rank 3's error file and, having waited for a notice that
+    would explain it, tells the job."""
+    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
+               "--rank-exits", "3:5", "--no-process-group"])  # fmt: skip
+    try:
+        job.wait_ready()
+        gone = job.wait_gone(job.ranks(), time.monotonic(), 90)
+    finally:
+        results = job.finish()
+    assert gone is not None, job.texts()
+    for rc, out in results:
+        assert rc not in (0, None), out
+        assert re.search(r"rank 3 \(pid \d+\) exited with code 5", root_cause(out)), out
+    node0 = results[job.agents.index(job.agent_of(0))][1]
+    assert "stopped because node 1 rank 3" in root_cause(node0), node0
+
+
 # ---------------------------------------------------------------- the notice itself
 class Store:
     """A real TCPStore server in this process, and the links the test made to it. Torn
@@ -289,3 +309,26 @@ def test_the_switch_is_read_strictly() -> None:
                                "TORCHELASTIC_RESTART_COUNT": "2"})
     assert scope is not None and scope.key == "healthkit/job-failure/v1/r/2/notice"
     assert scope.origin.startswith("node 1 rank 3 (")
+
+
+@pytest.mark.timeout(300)
+def test_the_two_node_demo_shows_the_hang_and_the_named_cause_on_both_nodes() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "healthkit", "demo", "--scenario", "two-nodes",
+         "--hang-timeout", "5"],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    stock, guarded = out.split("[2/2] with healthkit")
+    assert "STILL HUNG after 5 s" in stock and "(no summary: the node never ended)" in stock
+    helper = re.search(r"killing node 1's sampler-server \(pid (\d+)\)", guarded)
+    assert helper is not None, out
+    cause = f"sampler-server (pid {helper.group(1)}) was killed by SIGKILL"
+    assert re.search(rf"node 0's torchrun root cause: healthkit watchdog: stopped because "
+                     rf"node 1 rank \d \([^)]*\): {re.escape(cause)}", guarded), out
+    assert re.search(rf"node 1's torchrun root cause: healthkit watchdog: {re.escape(cause)}",
+                     guarded), out
