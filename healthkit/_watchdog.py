@@ -392,6 +392,11 @@ class DisarmableWatchdog:
                 return self
             if self._armed:
                 return self
+            # Read (and refused if bad) before anything is set up.
+            job_wanted = (
+                self._job_notice if self._job_notice is not None
+                else _jobnotice.notice_wanted(None)
+            )
             if self._diagnoser is None:
                 self._diagnoser = ExitDiagnoser()  # baselines now: "during this run"
                 self._owns_diagnoser = True
@@ -414,7 +419,7 @@ class DisarmableWatchdog:
             self._armed = True
             _ARMED.add(self)
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
-            self._job = self._join_job()
+            self._job = self._join_job(job_wanted)
             if self.mode == "sidecar" and not self._interactive:
                 link = SidecarLink(
                     name=self.name,
@@ -449,13 +454,10 @@ class DisarmableWatchdog:
             _stopsignals.start_without_signals(self._thread)
             return self
 
-    def _join_job(self) -> _jobnotice.JobScope | None:
+    def _join_job(self, wanted: bool) -> _jobnotice.JobScope | None:
         """Under a launcher that gives the job a store (torchrun): start this process's
         link to it and, in thread mode, follow the other ranks' failures. An interactive
         session never follows (its kernel is not a rank to end)."""
-        wanted = (
-            self._job_notice if self._job_notice is not None else _jobnotice.notice_wanted(None)
-        )
         if not wanted:
             return None
         link = _jobnotice.start()
