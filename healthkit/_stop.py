@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -62,9 +63,25 @@ def stopped_by_healthkit(pid: int, start_time: int | None) -> bool:
         )
 
 
+_fork_hook = False
+
+
+def _forget_listeners_in_child() -> None:
+    """A forked child's listeners are its parent's (a sidecar link's socket among them):
+    a stop() the child makes is not the parent's, and must not be announced as such. (The
+    lock is new too: another thread of the parent may have held it at the fork.)"""
+    global _stopping_lock
+    _stopping_lock = threading.Lock()
+    _stopping_listeners.clear()
+
+
 def add_stopping_listener(fn: Callable[[int, int | None], None]) -> None:
     """Call ``fn(pid, start_time)`` before :func:`stop` signals or asks a process to end."""
+    global _fork_hook
     with _stopping_lock:
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_forget_listeners_in_child)
+            _fork_hook = True
         if fn not in _stopping_listeners:
             _stopping_listeners.append(fn)
 
@@ -81,8 +98,11 @@ def _note_stopping(watches: Iterable[ProcessWatch]) -> None:
         listeners = list(_stopping_listeners)
     for fn in listeners:
         for pid, start_time in keys:
-            with contextlib.suppress(Exception):
+            try:
                 fn(pid, start_time)
+            except Exception:  # a sidecar not told would report this stop as a failure
+                logger.warning("telling %r that pid %d is being stopped failed", fn, pid,
+                               exc_info=True)
 
 StopTarget = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
 

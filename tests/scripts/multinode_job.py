@@ -17,9 +17,9 @@ memory cgroup (``--cgroup DIR``, joined by the rank itself after arming) OOM-kil
 ``--finish N`` ends every rank normally after N steps (the healthy twin); ``--exit-early R``
 makes rank R finish at once and return while the others go on (a rank that finishes early);
 ``--restarted-only`` applies ``--finish`` from torchrun's first restart on (round 0 runs until
-something ends it). ``--rank-exits R:CODE``: rank R calls ``sys.exit(CODE)`` once running (it writes no error
-file). ``--no-process-group``: no torch.distributed process group at all (the
-notice needs only torchrun's store); only the ``compute`` phase then.
+something ends it). ``--rank-exits R:CODE``: rank R calls ``sys.exit(CODE)`` once running
+(it writes no error file). ``--no-process-group``: no torch.distributed process group at all
+(the notice needs only torchrun's store); only the ``compute`` phase then.
 """
 
 from __future__ import annotations
