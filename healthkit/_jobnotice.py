@@ -153,6 +153,13 @@ class JobScope:
         return f"{KEY_ROOT}/{self.run_id}/{self.restart}/count"
 
     @property
+    def listeners_key(self) -> str:
+        return f"{KEY_ROOT}/{self.run_id}/{self.restart}/listeners"
+
+    def slot_key(self, slot: int) -> str:
+        return f"{KEY_ROOT}/{self.run_id}/{self.restart}/slot/{slot}"
+
+    @property
     def origin(self) -> str:
         """How other nodes name this rank: ``node 1 rank 3 (host-b)``."""
         parts = []
@@ -309,15 +316,28 @@ Subscriber = Callable[[JobFailure], None]
 
 
 class StoreLink:
-    """Two clients of the job's store: one blocked in ``wait`` for the notice, one to
-    publish (a TCPStore client serialises its operations, so a publish must not queue behind
-    the blocked wait)."""
+    """This process's two clients of the job's store: a listener blocked in ``wait`` and a
+    publisher (a TCPStore client serialises its operations, so a publish must not queue
+    behind the blocked wait).
+
+    Each listener waits on a key of its own, a *slot* numbered by ``add(LISTENERS, 1)``, and
+    not on the notice key itself, so that it can be woken without telling anyone anything:
+    ``close()`` writes ``bye`` into its slot. That matters at interpreter exit: a daemon
+    thread whose C++ ``wait`` returns once finalization has begun (this rank hosts the store,
+    or the store goes away) is ended by CPython with a forced unwind through torch's frames,
+    and the process aborts ("terminate called without an active exception", SIGABRT). So the
+    listener is closed and joined before finalization (a ``threading._register_atexit``
+    hook). The publisher writes the notice key first, then every slot taken so far; a
+    listener checks the notice key after taking its slot, so it cannot miss a notice
+    published between the two.
+    """
 
     def __init__(self, scope: JobScope, on_notice: Subscriber) -> None:
         self.scope = scope
         self._on_notice = on_notice
         self._ready = threading.Event()
         self._publisher: Any = None
+        self._slot: int | None = None
         self._failed: str | None = None
         self.closed = False
         self._thread = threading.Thread(
@@ -342,6 +362,9 @@ class StoreLink:
             self._publisher = self._client(_CONNECT_TIMEOUT_S)
             self._publisher.set_timeout(_timedelta(_OP_TIMEOUT_S))
             listener = self._client(_CONNECT_TIMEOUT_S)
+            slot = int(listener.add(self.scope.listeners_key, 1))
+            self._slot = slot
+            early = bool(listener.check([self.scope.key]))
         except Exception as e:  # no torch, no store: single-node behaviour
             self._failed = f"{type(e).__name__}: {e}"
             logger.info(
@@ -352,11 +375,11 @@ class StoreLink:
             self._ready.set()
             return
         self._ready.set()
-        logger.debug("job notice: waiting on %s at %s:%d", self.scope.key, self.scope.addr,
-                     self.scope.port)
+        key = self.scope.key if early else self.scope.slot_key(slot)
+        logger.debug("job notice: waiting on %s at %s:%d", key, self.scope.addr, self.scope.port)
         while not self.closed:
             try:
-                listener.wait([self.scope.key], _timedelta(_WAIT_SLICE_S))
+                listener.wait([key], _timedelta(_WAIT_SLICE_S))
             except Exception as e:
                 if self.closed:
                     return
@@ -371,7 +394,9 @@ class StoreLink:
                 logger.debug("job notice: the job's store went away (%s): no more notices", str(e))
                 return
             try:
-                raw = bytes(listener.get(self.scope.key))
+                raw = bytes(listener.get(key))
+                if raw == _BYE or self.closed:
+                    return
                 failure = JobFailure.from_bytes(raw)
             except Exception as e:
                 if self.closed:
@@ -387,30 +412,52 @@ class StoreLink:
 
     def publish(self, failure: JobFailure, timeout: float = _CONNECT_TIMEOUT_S) -> bool:
         """Publish ``failure`` unless another rank's came first; False if not published."""
+        return self.publish_raw(failure.to_bytes(), timeout)
+
+    def publish_raw(self, payload: bytes, timeout: float = _CONNECT_TIMEOUT_S) -> bool:
+        """Publish these bytes as the notice (what any writer of the store could do)."""
         if not self._ready.wait(timeout) or self._publisher is None:
             logger.warning(
                 "job notice: not told to the other ranks (the job's store %s)",
                 "was not reached yet" if self._failed is None else f"failed: {self._failed}",
             )
             return False
+        pub = self._publisher
         try:
-            if int(self._publisher.add(self.scope.count_key, 1)) != 1:
+            if int(pub.add(self.scope.count_key, 1)) != 1:
                 return False  # another rank's failure came first: it is the cause
-            self._publisher.set(self.scope.key, failure.to_bytes())
+            pub.set(self.scope.key, payload)  # first: a listener that comes later sees it
+            for slot in range(1, int(pub.add(self.scope.listeners_key, 0)) + 1):
+                if slot != self._slot:
+                    pub.set(self.scope.slot_key(slot), payload)
         except Exception as e:
             logger.warning("job notice: publishing to the job's store failed (%s)",
                            f"{type(e).__name__}: {e}")
             return False
         return True
 
-    def close(self) -> None:
-        """Stop acting on notices. The waiting thread cannot be interrupted: it ends when
-        the store goes away or a notice comes (it then does nothing)."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop listening: wake the waiting thread through its own slot and join it
+        (bounded). Called before interpreter finalization; idempotent."""
+        if self.closed:
+            return
         self.closed = True
+        pub, slot = self._publisher, self._slot
+        if pub is not None and slot is not None:
+            try:
+                pub.set_timeout(_timedelta(timeout))  # never hold up an exit for long
+                pub.set(self.scope.slot_key(slot), _BYE)
+            except Exception:
+                logger.debug("job notice: waking the listener failed", exc_info=True)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
         self._publisher = None
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+
+_BYE = b"bye"
 
 
 def _timedelta(seconds: float) -> Any:
@@ -474,9 +521,19 @@ def start(scope: JobScope | None = None) -> StoreLink | None:
         if _link is None:
             if not _fork_hook:
                 os.register_at_fork(after_in_child=_after_fork_in_child)
+                register = getattr(threading, "_register_atexit", None)
+                if register is not None:
+                    register(close)  # before finalization: see StoreLink
                 _fork_hook = True
             _link = StoreLink(scope, _deliver)
         return _link
+
+
+def close() -> None:
+    """Close this process's link, if any (at interpreter exit, before finalization)."""
+    link = _link
+    if link is not None:
+        link.close()
 
 
 def subscribe(callback: Subscriber) -> None:

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -227,9 +228,9 @@ class Store:
     def close(self) -> None:
         for link in self.links:
             link.close()
-        self.servers.clear()
         for link in self.links:
             link.join(20)
+        self.servers.clear()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -269,6 +270,9 @@ def test_a_notice_from_one_restart_round_never_ends_the_next(store: Store) -> No
     assert events[0].wait(10), "round 0's listener was not told"
     assert round0 is not round1
     assert not events[1].wait(1.5), "round 1 was told of round 0's failure"
+    late = threading.Event()  # a listener that comes after the notice still gets it
+    store.link(store.scope(0, rank=7), lambda f: late.set())
+    assert late.wait(10)
     told = got[0].diagnosis()
     assert str(told).startswith("stopped because node 1 rank 1 (h): sampler-server (pid 4242)")
     assert told.signal is signal.SIGKILL and told.cause is hk.Cause.SIGKILL_UNCONFIRMED
@@ -285,9 +289,11 @@ def test_a_notice_from_one_restart_round_never_ends_the_next(store: Store) -> No
 def test_a_malformed_or_oversized_notice_is_ignored_not_obeyed(store: Store, raw: bytes) -> None:
     """The store is unauthenticated: a notice is data, checked field by field and bounded."""
     told = threading.Event()
-    store.link(store.scope(), lambda f: told.set())
-    store.servers[0].set(store.scope().key, raw)
-    time.sleep(1.0)
+    link = store.link(store.scope(), lambda f: told.set())
+    forger = store.link(store.scope(rank=9), lambda f: None)
+    assert forger.publish_raw(raw)
+    link.join(10)  # it read the slot, refused the notice and ended
+    assert not link._thread.is_alive()
     assert not told.is_set()
     with pytest.raises(ValueError):
         JobFailure.from_bytes(raw)
@@ -332,3 +338,50 @@ def test_the_two_node_demo_shows_the_hang_and_the_named_cause_on_both_nodes() ->
                      rf"node 1 rank \d \([^)]*\): {re.escape(cause)}", guarded), out
     assert re.search(rf"node 1's torchrun root cause: healthkit watchdog: {re.escape(cause)}",
                      guarded), out
+
+
+HOSTS_THE_STORE = """
+import datetime, multiprocessing as mp, os, sys, time
+import torch.distributed as dist
+import healthkit as hk
+from healthkit import _jobnotice
+
+def sleeper():
+    time.sleep(60)
+
+if __name__ == "__main__":
+    server = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True,
+                           wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0")
+    helper = mp.get_context("fork").Process(target=sleeper, daemon=True)
+    helper.start()
+    wd = hk.DisarmableWatchdog([helper]).arm()
+    assert _jobnotice._link is not None and _jobnotice._link._ready.wait(30)
+    while _jobnotice._link._slot is None:
+        time.sleep(0.01)
+    if sys.argv[2] == "disarm":
+        wd.disarm()
+    print("EXITING", flush=True)
+    # A normal exit: this process hosts the store (as rank 0 does when the launcher runs
+    # none), so the listener's wait ends while the interpreter shuts down.
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["disarm", "at-exit"])
+def test_a_rank_that_hosts_the_store_exits_cleanly_with_the_listener_waiting(
+    how: str, tmp_path: Path
+) -> None:
+    """A daemon thread whose C++ wait returns during finalization aborts the process
+    (SIGABRT, 'terminate called without an active exception'): the listener is woken
+    through its own slot and joined before finalization, so a healthy exit stays 0."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank0.py"
+    script.write_text(HOSTS_THE_STORE)
+    proc = subprocess.run([sys.executable, str(script), str(free_port()), how],
+                          capture_output=True, text=True, timeout=100)  # fmt: skip
+    assert "EXITING" in proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr
