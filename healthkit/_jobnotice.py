@@ -338,6 +338,7 @@ class StoreLink:
         self._ready = threading.Event()
         self._publisher: Any = None
         self._slot: int | None = None
+        self._listener_fd: int | None = None
         self._failed: str | None = None
         self.closed = False
         self._thread = threading.Thread(
@@ -357,11 +358,29 @@ class StoreLink:
             timeout=datetime.timedelta(seconds=timeout),
         )
 
+    def _find_listener_fd(self, before: set[int]) -> int | None:
+        """The listener client's socket: the one socket opened by its construction that is
+        connected to the store. None if that is not certain (another thread connected to
+        the same store at the same moment): then only the wake-up through its slot is
+        used."""
+        found = []
+        for fd in _socket_fds() - before:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    peer = s.getpeername()
+            except OSError:
+                continue
+            if isinstance(peer, tuple) and peer[1] == self.scope.port:
+                found.append(fd)
+        return found[0] if len(found) == 1 else None
+
     def _run(self) -> None:
         try:
             self._publisher = self._client(_CONNECT_TIMEOUT_S)
             self._publisher.set_timeout(_timedelta(_OP_TIMEOUT_S))
+            before = _socket_fds()
             listener = self._client(_CONNECT_TIMEOUT_S)
+            self._listener_fd = self._find_listener_fd(before)
             slot = int(listener.add(self.scope.listeners_key, 1))
             self._slot = slot
             early = bool(listener.check([self.scope.key]))
@@ -450,7 +469,18 @@ class StoreLink:
             except Exception:
                 logger.debug("job notice: waking the listener failed", exc_info=True)
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(min(timeout, 0.5))
+            fd = self._listener_fd
+            if self._thread.is_alive() and fd is not None:
+                # The store could not be told (it is gone, yet the connection is held open,
+                # e.g. by a forked child's copy of the server's socket): end the wait on our
+                # side of the connection, before finalization can.
+                try:
+                    with socket.socket(fileno=os.dup(fd)) as s:
+                        s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self._thread.join(timeout)
         self._publisher = None
 
     def join(self, timeout: float | None = None) -> None:
@@ -458,6 +488,21 @@ class StoreLink:
 
 
 _BYE = b"bye"
+
+
+def _socket_fds() -> set[int]:
+    out: set[int] = set()
+    try:
+        entries = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}").startswith("socket:"):
+                out.add(int(entry))
+        except OSError:
+            continue
+    return out
 
 
 def _timedelta(seconds: float) -> Any:
@@ -479,8 +524,17 @@ _said_unavailable = False
 _fork_hook = False
 
 
+# Links a forked child inherited: kept, never used and never destroyed there. A TCPStore
+# client's destructor in the child would shut down the socket it shares with its parent
+# (seen: a DataLoader worker's exit cut its rank's publisher, whose interpreter-exit wake-up
+# of the listener then failed, and the rank aborted at exit).
+_inherited: list[StoreLink] = []
+
+
 def _after_fork_in_child() -> None:
     global _link, _told, _published
+    if _link is not None:
+        _inherited.append(_link)
     _link = None
     _pending.clear()
     _subscribers.clear()
