@@ -218,7 +218,8 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
     )
     if d.exception is not None:
         # The helper's own exception, as the end of a Python traceback reads.
-        text += "  its exception, last frames (full traceback in the record above):\n"
+        ctx = f" (in {d.exception.context})" if d.exception.context else ""
+        text += f"  its exception{ctx}, last frames (full traceback in the record above):\n"
         for frame in d.exception.frames:
             first, *source = frame.splitlines() or [""]
             text += f"    {first.strip()}\n" + "".join(f"      {s.strip()}\n" for s in source)

@@ -696,24 +696,58 @@ def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
             f"its peak RSS {format_bytes(exc.peak_rss_bytes)} when it raised (VmHWM, "
             "exception record)",
         )
+    if exc.exit_call is not None:
+        hint = (
+            "Fix what it reported when it called sys.exit (its message, also in that "
+            "process's stderr); where it called it is in the exception record"
+        )
+    else:
+        hint = (
+            "Fix the cause of that exception; its full traceback is in the exception record "
+            "and in that process's stderr"
+        )
     if diagnosis.cause in (Cause.ERROR_EXIT, Cause.UNKNOWN) and diagnosis.signal is None:
         return attrs.evolve(
             diagnosis,
             exception=exc,
-            likely=f"it raised {exc.summary}{where}",
+            likely=f"it {exc.described}{where}",
             evidence=(record, *extra, *diagnosis.evidence),
-            hint="Fix the cause of that exception; its full traceback is in the exception "
-            "record and in that process's stderr",
+            hint=hint,
+        )
+    if diagnosis.cause is Cause.EARLY_EXIT:
+        # Exit 0 with an exception in another thread or an atexit callback: that exception
+        # is most likely why it stopped doing its work.
+        return attrs.evolve(
+            diagnosis,
+            exception=exc,
+            likely=f"it {exc.described}{where}, then returned; so whoever depends on it "
+            "will wait forever",
+            evidence=(record, *extra, *diagnosis.evidence),
+            hint=hint,
         )
     return attrs.evolve(
         diagnosis,
         exception=exc,
         evidence=(
             *diagnosis.evidence,
-            f"it had raised {exc.summary}{where} before it ended ({record})",
+            f"it had {exc.described}{where} before it ended ({record})",
             *extra,
         ),
     )
+
+
+def with_exception_record(
+    diagnosis: Diagnosis, diagnoser: ExitDiagnoser, start_time: int | None
+) -> Diagnosis:
+    """``diagnosis`` with its process's exception record, if it wrote one: for a diagnosis
+    made abnormal after :meth:`ExitDiagnoser.diagnose` (an exit 0 that "returned early"),
+    which looks up records for abnormal exits only."""
+    if diagnosis.exception is not None or diagnosis.pid is None or start_time is None:
+        return diagnosis
+    if not diagnoser.records:
+        return diagnosis
+    found = find_record(diagnosis.pid, start_time, diagnoser.records)
+    return _with_exception(diagnosis, found) if found is not None else diagnosis
 
 
 class _Make(Protocol):

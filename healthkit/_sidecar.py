@@ -673,7 +673,7 @@ class _Sidecar:
         diagnosis = self.diagnoser.diagnose(
             subject, name=record.name, pid=record.pid, start_time=record.start_time
         )
-        return early_exit_wording(diagnosis, record)
+        return early_exit_wording(diagnosis, record, self.diagnoser)
 
     def fire(self, record: Watched, status: ExitStatus, excused: Decision | None) -> None:
         if self.fired:

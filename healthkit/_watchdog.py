@@ -639,8 +639,8 @@ class DisarmableWatchdog:
             watch = record.watch
             assert diagnoser is not None and watch is not None
 
-            def wording(d: Diagnosis) -> Diagnosis:
-                d = early_exit_wording(d, record)
+            def wording(d: Diagnosis, full: bool = False) -> Diagnosis:
+                d = early_exit_wording(d, record, diagnoser if full else None)
                 return survived_stop_wording(d, excused) if excused is not None else d
 
             # Act first, explain right after: the actions start on the brief diagnosis (no
@@ -649,7 +649,7 @@ class DisarmableWatchdog:
             self._fired = brief
 
         def explain() -> Diagnosis:
-            full = wording(diagnoser.diagnose(watch))
+            full = wording(diagnoser.diagnose(watch), full=True)
             self._fired = full
             return full
 
