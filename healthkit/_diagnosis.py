@@ -162,9 +162,10 @@ _UNKNOWN_STATUS: dict[str, tuple[str, str]] = {
 }
 
 
-# Kernel printk time stamps and process start times come from clocks that agree on a machine
-# that never suspends; allow a little for a start time's tick resolution.
-_CLOCK_SLACK_US = 20_000
+# Kernel printk time stamps (sched_clock) and process start times (boot time) come from
+# clocks that agree on a machine that never suspends, to about a millisecond (printk ran
+# 1.1-1.2 ms ahead on the machine the tests run on): allow a few.
+_CLOCK_SKEW_US = 5_000
 # A kernel record stamped this long after the death was observed is not about it.
 _AFTER_DEATH_SLACK_US = 5_000_000
 
@@ -268,10 +269,13 @@ class ExitDiagnoser:
         status alone. A SIGKILL is then ``SIGKILL_UNCONFIRMED`` until the full diagnosis.
         """
         status: ExitStatus | None
+        identity: int | None = None
         if isinstance(subject, ProcessWatch):
             status = subject.poll() if not subject.closed else subject.status
             name = name or subject.name
             if pid is None or pid == subject.pid:
+                if start_time is None or start_time == subject.start_time:
+                    identity = subject._identity
                 start_time = start_time if start_time is not None else subject.start_time
             pid = pid if pid is not None else subject.pid
             peak_rss_bytes = peak_rss_bytes or subject.peak_rss_bytes
@@ -301,7 +305,11 @@ class ExitDiagnoser:
                 )
         diagnosis = self._diagnose(status, name, pid, start_time, peak_rss_bytes, evidence)
         if evidence and diagnosis.abnormal and pid is not None and start_time is not None:
-            found = find_record(pid, start_time, self.records) if self.records else None
+            found = (
+                find_record(pid, start_time, self.records, identity=identity)
+                if self.records
+                else None
+            )
             if found is not None:
                 diagnosis = _with_exception(diagnosis, found)
         return diagnosis
@@ -590,15 +598,30 @@ def _start_usec(start_time: int) -> int:
     return start_time * 1_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+def _when(kill: OomKill, start_time: int) -> str:
+    """When a kernel record was stamped relative to the start of the process that started
+    at ``start_time``: ``"before"``, ``"after"``, or ``"same tick"``. A start time counts
+    whole clock ticks (10 ms), rounded down: the process started somewhere in that tick,
+    so a record stamped within it may be about an earlier process with the same pid (a
+    pid reused within a few ms of an OOM kill) as well as about this one."""
+    start = _start_usec(start_time)
+    if kill.usec < start - _CLOCK_SKEW_US:
+        return "before"
+    if kill.usec < start + 1_000_000 // os.sysconf("SC_CLK_TCK") + _CLOCK_SKEW_US:
+        return "same tick"
+    return "after"
+
+
 def _is_this_process(
     kill: OomKill, start_time: int | None, comm: str | None, observed: float
 ) -> bool:
     """Whether a kernel OOM record is about the process that started at ``start_time``:
-    logged after it started (an earlier record is about an earlier owner of the pid), not
-    long after its death was seen, and naming its command when that is known."""
+    logged surely after it started (an earlier record is about an earlier owner of the
+    pid; one within its start's clock tick may be), not long after its death was seen, and
+    naming its command when that is known."""
     if start_time is None:
         return False
-    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
+    if _when(kill, start_time) != "after":
         return False
     if kill.usec > observed * 1_000_000 + _AFTER_DEATH_SLACK_US:
         return False
@@ -611,9 +634,13 @@ def _not_this_process(kill: OomKill, start_time: int | None, comm: str | None) -
     if start_time is None:
         return head + ", not taken as this process's: its start time is unknown here"
     started = _start_usec(start_time) / 1e6
-    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
-        return head + f", before this process started ({started:.1f} s): an earlier process " \
-            "with the same pid"
+    when = _when(kill, start_time)
+    if when == "before":
+        return head + f", before this process started ({started:.1f} s): an earlier " \
+            "process with the same pid"
+    if when == "same tick":
+        return head + f", within the clock tick this process started in ({started:.1f} s): " \
+            "it may be an earlier process with the same pid, so it confirms nothing"
     if comm is not None and kill.comm[:15] != comm[:15]:
         return head + f", but this process is {comm!r}: another process with the same pid"
     return head + ", after this death was seen: another process with the same pid"
@@ -737,7 +764,10 @@ def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
 
 
 def with_exception_record(
-    diagnosis: Diagnosis, diagnoser: ExitDiagnoser, start_time: int | None
+    diagnosis: Diagnosis,
+    diagnoser: ExitDiagnoser,
+    start_time: int | None,
+    identity: int | None = None,
 ) -> Diagnosis:
     """``diagnosis`` with its process's exception record, if it wrote one: for a diagnosis
     made abnormal after :meth:`ExitDiagnoser.diagnose` (an exit 0 that "returned early"),
@@ -746,7 +776,7 @@ def with_exception_record(
         return diagnosis
     if not diagnoser.records:
         return diagnosis
-    found = find_record(diagnosis.pid, start_time, diagnoser.records)
+    found = find_record(diagnosis.pid, start_time, diagnoser.records, identity=identity)
     return _with_exception(diagnosis, found) if found is not None else diagnosis
 
 

@@ -68,7 +68,8 @@ def early_exit_wording(
     if diagnosis.exit_code == 0 and record.on_clean_exit != "ignore":
         early = returned_early(diagnosis)
         if diagnoser is not None:
-            early = with_exception_record(early, diagnoser, record.start_time)
+            identity = record.watch._identity if record.watch is not None else None
+            early = with_exception_record(early, diagnoser, record.start_time, identity)
         return early
     return diagnosis
 

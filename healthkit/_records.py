@@ -20,6 +20,10 @@ paths are resolved by :mod:`healthkit._safefile`.
 
 Which process: a record is named after the pid *and the process's start time* (from
 ``/proc/<pid>/stat``), so a later process that reuses the pid never matches an old record.
+The start time counts clock ticks (10 ms): a pid reused within one tick has the same one.
+Where the kernel numbers processes for good (pidfs, Linux 6.9+), the record also carries
+that number (:func:`~healthkit._proc.pidfd_identity`) and a reader that knows the process's
+own (a :class:`~healthkit.ProcessWatch` pins it) takes no record with another.
 
 Every ending that has a Python cause is recorded, because each one reads "exited with code
 N" without it: an exception out of the entry point, ``sys.exit(3)`` or ``sys.exit("fatal:
@@ -53,7 +57,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import attrs
 
-from healthkit._proc import read_peak_rss, read_proc_stat
+from healthkit._proc import read_peak_rss, read_proc_stat, self_identity
 from healthkit._safefile import UnsafePathError, open_directory, read_private, write_atomic
 from healthkit._stacks import enable_private_stack_dumps, withdraw_stack_dumps
 from healthkit._userdir import RECORD_DIR_ENV, default_record_dir, record_dir
@@ -181,6 +185,7 @@ def _format(exc: BaseException, pid: int, start_time: int, context: str = "") ->
         "where": where,
         "peak_rss_bytes": read_peak_rss(pid),
         "context": context,
+        "identity": self_identity(),
     }
     head = _HEADER + json.dumps(meta).encode() + b"\n"
     body = _cap_traceback(text, _MAX_RECORD_BYTES - len(head)).encode("utf-8", "replace")
@@ -252,21 +257,24 @@ def _prune_old(dir_fd: int) -> None:
 
 
 # ---------------------------------------------------------------------------- reading
-def find_record(pid: int, start_time: int, directory: str | None = None
-                ) -> HelperException | None:
+def find_record(pid: int, start_time: int, directory: str | None = None, *,
+                identity: int | None = None) -> HelperException | None:
     """:func:`read_record` in ``directory`` (default :func:`record_dir`), then in
     :func:`default_record_dir`: the helper may not have inherited the variable."""
     first = directory or record_dir()
     for place in dict.fromkeys((first, default_record_dir())):
-        found = read_record(pid, start_time, place)
+        found = read_record(pid, start_time, place, identity=identity)
         if found is not None:
             return found
     return None
 
 
-def read_record(pid: int, start_time: int, directory: str | None = None) -> HelperException | None:
+def read_record(pid: int, start_time: int, directory: str | None = None, *,
+                identity: int | None = None) -> HelperException | None:
     """The exception record of the process ``(pid, start_time)``, or ``None`` if it wrote
-    none (or the directory or file fails a safety check, or is malformed)."""
+    none (or the directory or file fails a safety check, or is malformed). With
+    ``identity`` (the process's :func:`~healthkit._proc.pidfd_identity`), a record that
+    carries another is an earlier process's that reused the pid within one clock tick."""
     directory = directory or record_dir()
     name = record_name(pid, start_time)
     try:
@@ -283,6 +291,9 @@ def read_record(pid: int, start_time: int, directory: str | None = None) -> Help
     try:
         meta = json.loads(line)
         if meta["pid"] != pid or meta["start_time"] != start_time:
+            return None
+        written_by = meta.get("identity")
+        if identity is not None and isinstance(written_by, int) and written_by != identity:
             return None
         peak = meta.get("peak_rss_bytes")
         return HelperException(

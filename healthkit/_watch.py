@@ -55,7 +55,7 @@ from healthkit._errors import (
     check_timeout,
     path_arg,
 )
-from healthkit._proc import may_read_exit_code, read_peak_rss, read_proc_stat
+from healthkit._proc import may_read_exit_code, pidfd_identity, read_peak_rss, read_proc_stat
 
 _log = logging.getLogger("healthkit")
 
@@ -210,6 +210,7 @@ class ProcessWatch:
         self._process: BaseProcess | None = None
         self._popen: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None
         self._start_time: int | None = None
+        self._identity: int | None = None
         self._exit_code_readable = True
         self._peak_rss: int | None = None
         self.is_child = True
@@ -315,6 +316,8 @@ class ProcessWatch:
             pass  # it exists; we may just not signal it
         self._start_time = stat.start_time if stat is not None else None
         self.pgrp = stat.pgrp if stat is not None else None
+        # Finer than the start time where the kernel has it: see pidfd_identity.
+        self._identity = pidfd_identity(self._pidfd) if stat is not None else None
         return True
 
     # ------------------------------------------------------------------ public API

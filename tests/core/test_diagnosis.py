@@ -27,12 +27,21 @@ def hermetic(tmp_path: Path) -> ExitDiagnoser:
     return ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=None)
 
 
+def run_a_while() -> None:
+    """Let a process run past the clock tick it started in (and the kernel log's clock skew)
+    before it dies, as a real OOM victim does while it fills its memory: a kernel record
+    stamped within that tick may be an earlier process's with the same pid, and confirms
+    nothing."""
+    time.sleep(0.03)
+
+
 @contextlib.contextmanager
 def sigkilled(name: str = "sampler") -> Iterator[ProcessWatch]:
     """A real child, SIGKILLed (not by the OOM killer) and collected by its watch."""
     p = subprocess.Popen(["sleep", "600"])
     with ProcessWatch(p, name=name) as w:
         try:
+            run_a_while()
             w.kill()
             status = w.wait(30)
             assert status is not None and status.signal is signal.SIGKILL
@@ -339,6 +348,7 @@ def test_kernel_log_record_after_the_baseline_confirms_the_oom_kill(tmp_path: Pa
             # of an earlier process): it must not count.
             kmsg.write_text((KMSG / "before.txt").read_text().replace("4242", str(p.pid)))
             diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(kmsg))
+            run_a_while()
             w.kill()
             w.wait(30)
             assert diagnoser.diagnose(w).cause is Cause.SIGKILL_UNCONFIRMED
@@ -416,6 +426,7 @@ def test_an_oom_record_naming_another_command_is_not_this_process(tmp_path: Path
     p = subprocess.Popen(["sleep", "600"])  # comm "sleep"; the fixture names "python3"
     try:
         with ProcessWatch(p, name="sampler") as w:
+            run_a_while()
             w.kill()
             w.wait(30)  # a zombie until p.wait(): /proc/<pid>/stat names it
             _append(kmsg, "after-oom-kill-4242.txt", p.pid)
@@ -446,6 +457,7 @@ def test_the_kernel_report_of_a_real_v1_oom_kill_gives_whose_memory_it_was(
     p = subprocess.Popen(["sleep", "600"])
     try:
         with ProcessWatch(p, name="sampler") as w:
+            run_a_while()
             w.kill()
             w.wait(30)
             _append(kmsg, "oom-kill-cgroup-v1-full.txt", p.pid)
