@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -215,7 +215,7 @@ class ExitDiagnoser:
         records = check_path(records, "records", allow_none=True)
         if cgroup is not None and not isinstance(cgroup, MemoryCgroup):
             raise InvalidArgumentTypeError(
-                f"cgroup must be a memory cgroup from healthkit's own lookup, or None, got "
+                f"cgroup must be a healthkit.lowlevel.MemoryCgroup (or None), got "
                 f"{cgroup!r}",
                 "cgroup",
             )
@@ -240,6 +240,45 @@ class ExitDiagnoser:
         self._kmsg = (
             KernelLogFollower(kmsg_path, from_start=history) if kmsg_path else None
         )
+
+    def _settings(self) -> dict[str, Any]:
+        """What the sidecar needs to build this diagnoser again in its own process (JSON):
+        every setting, the cgroup as resolved here, and the OOM counter's baseline, so that
+        "during this run" means the same run there."""
+        cg = self.cgroup
+        with self._lock:
+            explained = self._oom_explained
+        return {
+            "proc_root": self._proc_root,
+            "kmsg_path": self.kernel_log.path if self.kernel_log is not None else None,
+            "shm_path": self._shm_path,
+            "cgroup": None if cg is None else {"version": cg.version, "path": cg.path,
+                                               "root": cg.root},
+            "history": self.history,
+            "records": self.records,
+            "local_evidence": self.local_evidence,
+            "oom_baseline": self._oom_baseline,
+            "oom_explained": explained,
+        }
+
+    @classmethod
+    def _from_settings(cls, settings: dict[str, Any]) -> ExitDiagnoser:
+        """The diagnoser :meth:`_settings` describes (in the sidecar)."""
+        cg = settings["cgroup"]
+        diagnoser = cls(
+            proc_root=settings["proc_root"],
+            kmsg_path=settings["kmsg_path"],
+            shm_path=settings["shm_path"],
+            cgroup=MemoryCgroup(int(cg["version"]), cg["path"], cg["root"]) if cg else None,
+            history=bool(settings["history"]),
+            records=settings["records"],
+            local_evidence=bool(settings["local_evidence"]),
+        )
+        if cg is None:
+            diagnoser.cgroup = None  # none was found or used there: do not look for one here
+        diagnoser._oom_baseline = settings["oom_baseline"]
+        diagnoser._oom_explained = int(settings["oom_explained"])
+        return diagnoser
 
     def close(self) -> None:
         """Release the kernel-log fd. Idempotent; also done when the object is collected."""

@@ -39,8 +39,9 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 owner -> sidecar
 ==================  =========================================================================
 ``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_after``, ``stop_grace``,
-                    ``second_look``, ``logging`` (:func:`logging_plan`); answered by
-                    ``ready``
+                    ``second_look``, ``logging`` (:func:`logging_plan`), ``diagnoser``
+                    (the owner's diagnoser's settings), ``rss_sample_interval``; answered
+                    by ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
 ``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
@@ -237,7 +238,15 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
 class SidecarLink:
     """The owner's end: starts the sidecar and tells it what to watch and what it learns."""
 
-    def __init__(self, *, name: str, kill_after: float, stop_grace: float) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        kill_after: float,
+        stop_grace: float,
+        diagnoser: dict[str, Any] | None = None,
+        rss_sample_interval: float | None = None,
+    ) -> None:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
         peek_copy = os.dup(peek) if peek is not None else None
@@ -270,6 +279,8 @@ class SidecarLink:
             stop_grace=stop_grace,
             second_look=_judge.SECOND_LOOK_S,
             logging=log_plan,
+            diagnoser=diagnoser,
+            rss_sample_interval=rss_sample_interval,
         )
         self._expect("ready")
         if self._relay_to:
@@ -733,7 +744,13 @@ class _Sidecar:
             return 0
         self.handlers = _stopsignals.HandlerWatch(self.owner.pid)
         self.handlers.learn()  # the owner waits in arm() for "ready": no handler is running
-        self.diagnoser = ExitDiagnoser()
+        # The owner's diagnoser, built again here: its cgroup, kernel log, record
+        # directory and the OOM counter's baseline ("during this run" is the owner's run).
+        settings = self.config.get("diagnoser")
+        self.diagnoser = (
+            ExitDiagnoser._from_settings(settings) if settings else ExitDiagnoser()
+        )
+        interval: float | None = self.config.get("rss_sample_interval")
         self.judge = Judge(
             name=self.config["name"] + " (sidecar)",
             log=logger,
@@ -750,6 +767,7 @@ class _Sidecar:
         self.waits.add_fd(self.sock.fileno(), self.on_control)
         self.waits.add(self.owner)
         self.sock.sendall(_line(op="ready"))
+        next_sample = time.monotonic() + interval if interval else None
         with self.waits:
             while True:
                 while self.seen and not self.done:
@@ -757,8 +775,16 @@ class _Sidecar:
                 if self.done:
                     return 0
                 due = Judge.next_due(list(self.records.values()))
-                timeout = max(0.0, due - time.monotonic()) if due is not None else None
+                soonest = min((t for t in (due, next_sample) if t is not None), default=None)
+                timeout = max(0.0, soonest - time.monotonic()) if soonest is not None else None
                 self.note_deaths(self.waits.wait(timeout))
+                if next_sample is not None and time.monotonic() >= next_sample:
+                    # Peak RSS while alive, as the owner's thread samples it: the line of
+                    # a helper that died of memory then says how much it held.
+                    for record in self.records.values():
+                        if record.watch is not None and record.watch.status is None:
+                            record.watch.sample_rss()
+                    next_sample = time.monotonic() + (interval or 0.0)
                 if due is not None and time.monotonic() >= due and not self.done:
                     self.read_pending_messages()
                     self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())

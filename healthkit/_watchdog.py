@@ -186,6 +186,13 @@ class DisarmableWatchdog:
                 f"diagnoser must be a healthkit.ExitDiagnoser or None, got {diagnoser!r}",
                 "diagnoser",
             )
+        if mode == "sidecar" and diagnoser is not None and type(diagnoser) is not ExitDiagnoser:
+            raise InvalidArgumentError(
+                "mode='sidecar' builds the diagnoser again in the sidecar process from its "
+                f"settings, so the code of a subclass ({type(diagnoser).__name__}) cannot run "
+                "there: pass a healthkit.ExitDiagnoser, or use mode='thread'",
+                "diagnoser",
+            )
         self.name = name
         self.mode = mode
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
@@ -360,7 +367,11 @@ class DisarmableWatchdog:
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
             if self.mode == "sidecar" and not self._interactive:
                 link = SidecarLink(
-                    name=self.name, kill_after=self.kill_after, stop_grace=self.stop_grace
+                    name=self.name,
+                    kill_after=self.kill_after,
+                    stop_grace=self.stop_grace,
+                    diagnoser=self._diagnoser._settings(),
+                    rss_sample_interval=self.rss_sample_interval,
                 )
                 self._sidecar = link
                 for record in self._records.values():

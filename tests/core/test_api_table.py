@@ -243,7 +243,16 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         ],
         "mode": Case(lambda e: DisarmableWatchdog(mode="bogus")),
         "name": Case(lambda e: DisarmableWatchdog(name=5), T),
-        "diagnoser": Case(lambda e: DisarmableWatchdog(diagnoser="x"), T),
+        "diagnoser": [
+            Case(lambda e: DisarmableWatchdog(diagnoser="x"), T),
+            Case(
+                lambda e: DisarmableWatchdog(
+                    mode="sidecar",
+                    diagnoser=type("Mine", (healthkit.ExitDiagnoser,), {})(kmsg_path=None),
+                ),
+                label="sidecar-subclass",
+            ),
+        ],
         "on_clean_exit": Case(lambda e: DisarmableWatchdog(on_clean_exit="bogus")),
         "exit_code": [
             Case(lambda e: DisarmableWatchdog(exit_code=256)),
@@ -353,6 +362,22 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     "healthkit.lowlevel.descendants": {
         "pid": Case(lambda e: lowlevel.descendants(-1), healthkit.NoSuchProcessError),
         "proc_root": Case(lambda e: lowlevel.descendants(1, proc_root=b"/proc"), T),
+    },
+    "healthkit.lowlevel.MemoryCgroup": {
+        "version": [
+            Case(lambda e: lowlevel.MemoryCgroup(3, "/sys/fs/cgroup")),
+            Case(lambda e: lowlevel.MemoryCgroup("2", "/sys/fs/cgroup"), T),
+        ],
+        "path": Case(lambda e: lowlevel.MemoryCgroup(2, 5), T),  # type: ignore[arg-type]
+        "root": Case(lambda e: lowlevel.MemoryCgroup(2, "/x", None), T),  # type: ignore[arg-type]
+    },
+    "healthkit.lowlevel.find_memory_cgroup": {
+        "pid": [
+            Case(lambda e: lowlevel.find_memory_cgroup("1"), T),
+            Case(lambda e: lowlevel.find_memory_cgroup(-1), healthkit.NoSuchProcessError),
+        ],
+        "proc_root": Case(lambda e: lowlevel.find_memory_cgroup(proc_root=5), T),  # type: ignore[arg-type]
+        "cgroup_root": Case(lambda e: lowlevel.find_memory_cgroup(cgroup_root=""), T),
     },
     "healthkit.lowlevel.read_proc_stat": {
         "pid": Case(lambda e: lowlevel.read_proc_stat(1.0), T),

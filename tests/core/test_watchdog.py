@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -821,3 +822,81 @@ def test_a_sidecar_with_a_custom_handler_still_stops_an_owner_holding_the_gil() 
     assert proc.returncode == -signal.SIGTERM
     assert "CUSTOM ERROR" not in proc.stdout, proc.stdout
     assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr
+
+
+OWNER_WITH_DIAGNOSER = r"""
+import multiprocessing as mp, os, signal, sys, time
+import healthkit as hk
+from healthkit.lowlevel import MemoryCgroup
+
+def hold_memory(ready):
+    block = bytearray(64 << 20)  # resident: written below
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    ready.set()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    cgroup_dir, mode = sys.argv[1], sys.argv[2]
+    # The helpers' own cgroup (a v2 directory, its files in the kernel's format) and no
+    # kernel log: the documented set-up for helpers in another cgroup than their owner.
+    diagnoser = hk.ExitDiagnoser(cgroup=MemoryCgroup(2, cgroup_dir), kmsg_path=None)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=hold_memory, args=(ready,), name="sampler")
+    p.start()
+    wd = hk.DisarmableWatchdog([p], mode=mode, diagnoser=diagnoser, rss_sample_interval=0.02)
+    wd.arm()
+    ready.wait(30)
+    time.sleep(0.3)  # sampled a few times while it holds its memory
+    # The kernel counts an OOM kill in the helpers' cgroup and kills the helper.
+    with open(os.path.join(cgroup_dir, "memory.events"), "w") as f:
+        f.write("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    os.kill(p.pid, signal.SIGKILL)
+    time.sleep(60)
+    print("NOT STOPPED", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_both_modes_use_the_users_diagnoser_and_rss_sampling(tmp_path: Path, mode: str) -> None:
+    """The sidecar builds the owner's diagnoser again (its cgroup, no kernel log, the OOM
+    counter's baseline) and samples peak RSS as the owner's thread does: the line confirms
+    the OOM kill from that cgroup's counter and gives the helper's sampled peak."""
+    cgroup = tmp_path / "helpers"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    (cgroup / "memory.max").write_text("max\n")
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER_WITH_DIAGNOSER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(cgroup), mode], capture_output=True, text=True,
+        timeout=100,
+    )
+    assert "NOT STOPPED" not in proc.stdout
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1), proc.stderr
+    line = next(
+        (x for x in proc.stderr.splitlines() if "sampler (pid" in x and "SIGKILL" in x), ""
+    )
+    assert "the kernel's OOM killer (confirmed)" in line, proc.stderr
+    assert f"cgroup {cgroup} (v2): oom_kill 0 -> 1 during this run (memory.events)" in line
+    peak = re.search(r"its peak RSS ([\d.]+) MiB \(sampled VmHWM\)", line)
+    assert peak is not None and float(peak.group(1)) >= 64, line
+    if mode == "sidecar":
+        assert "(sidecar)" in line
+
+
+class _MyDiagnoser(hk.ExitDiagnoser):
+    pass
+
+
+def test_a_sidecar_refuses_a_diagnoser_subclass_it_cannot_run() -> None:
+    d = _MyDiagnoser(kmsg_path=None)
+    try:
+        with pytest.raises(hk.InvalidArgumentError, match="subclass") as info:
+            hk.DisarmableWatchdog(mode="sidecar", diagnoser=d)
+        assert info.value.argument == "diagnoser"
+        hk.DisarmableWatchdog(mode="thread", diagnoser=d)  # its code runs here: accepted
+    finally:
+        d.close()
