@@ -193,7 +193,22 @@ class log_diagnosis:
 def emit(log: logging.Logger, level: int, message: str) -> None:
     """Log ``message`` through the application's configuration; with none configured, print
     it to stderr with its level name (logging's last-resort handler would print it bare).
-    Both honour the logger's level and ``disabled``: a silenced logger prints nothing."""
+    Both honour the logger's level: a logger set above ``level`` prints nothing.
+
+    ``disabled`` silences it below ERROR only. ``logging.config.dictConfig`` sets it, by
+    default (``disable_existing_loggers=True``), on every logger that exists when it runs,
+    which is ``healthkit`` as soon as it is imported: the line saying why the job is about to
+    end must not vanish as a side effect of configuring logging. Set the level to silence it.
+    """
+    if log.disabled:
+        if level < logging.ERROR or log.getEffectiveLevel() > level:
+            return
+        if log.hasHandlers():
+            record = log.makeRecord(log.name, level, "(healthkit)", 0, "%s", (message,), None)
+            log.callHandlers(record)  # what log.handle() does, less the disabled check
+        else:
+            print(f"{logging.getLevelName(level)} {message}", file=sys.stderr)
+        return
     if not log.isEnabledFor(level):
         return
     if log.hasHandlers():

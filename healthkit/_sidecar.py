@@ -84,6 +84,7 @@ from typing import Any
 from healthkit import _judge, _stopsignals
 from healthkit._actions import (
     FailureEvent,
+    emit,
     flush_logging,
     log_diagnosis,
     write_torchelastic_error_file,
@@ -181,6 +182,11 @@ def logging_plan(
 
 def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
     fmt = h.formatter
+    if fmt is not None and type(fmt) is not logging.Formatter:
+        # A formatter class of the application's own (JSON, structured): the sidecar cannot
+        # run its code (it imports nothing of the application), and writing plain text into
+        # that file would break it. Its lines are relayed to the owner, which formats them.
+        return None
     spec: dict[str, Any] = {
         "level": h.level,
         "fmt": fmt._fmt if fmt is not None else None,
@@ -198,9 +204,11 @@ def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
     return None
 
 
-def apply_logging_plan(plan: dict[str, Any] | None) -> None:
+def apply_logging_plan(plan: dict[str, Any] | None) -> logging.Handler | None:
     """In the sidecar: the owner's handlers, level and ``disabled`` for ``healthkit``; with
-    no handler carried, the sidecar's own line on its stderr (at the owner's level)."""
+    no handler carried, the sidecar's own line on its stderr (at the owner's level). When
+    the plan relays lines to the owner, that stderr line is returned instead of installed:
+    it is written only for lines the owner did not take (see :class:`_RelayHandler`)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -224,15 +232,19 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
             )
         handler.setLevel(spec["level"])
         built.append(handler)
+    fallback: logging.Handler | None = None
     if not built:
         fallback = logging.StreamHandler(sys.stderr)
         fallback.setFormatter(logging.Formatter(_SIDECAR_FORMAT))
-        built.append(fallback)
+        if not plan.get("relay"):
+            built.append(fallback)
+            fallback = None
     for handler in built:
         log.addHandler(handler)
     log.propagate = False
     log.setLevel(plan["level"])
     log.disabled = bool(plan["disabled"])
+    return fallback
 
 
 class SidecarLink:
@@ -399,7 +411,7 @@ class SidecarLink:
                 with contextlib.suppress(Exception):
                     handler.flush()
             with contextlib.suppress(OSError):
-                self._sock.sendall(_line(op="logged"))
+                self._sock.sendall(_line(op="logged", n=msg.get("n")))
             return True
         return False
 
@@ -460,16 +472,43 @@ class SidecarLink:
 # ---------------------------------------------------------------------- sidecar process
 class _RelayHandler(logging.Handler):
     """In the sidecar: send each record to the owner, for its handlers the sidecar cannot
-    write through itself."""
+    write through itself.
 
-    def __init__(self, sock: socket.socket) -> None:
+    With ``fallback`` (the owner has no handler the sidecar writes through), each line is
+    also kept until the owner confirms it took it (``logged`` answers a ``flush`` that
+    counts the lines sent), and written to ``fallback`` (stderr) only if it never does (its
+    GIL held, or gone): a line printed by both would show twice on a QueueHandler's
+    console."""
+
+    def __init__(self, sock: socket.socket, fallback: logging.Handler | None) -> None:
         super().__init__()
         self.sock = sock
+        self.fallback = fallback
+        self.sent = 0
+        self.unconfirmed: list[tuple[int, logging.LogRecord]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = _line(op="log", level=record.levelno, msg=record.getMessage(), created=record.created)
+        self.sent += 1
+        if self.fallback is not None:
+            self.unconfirmed.append((self.sent, record))
+            msg += _line(op="flush", n=self.sent)
         with contextlib.suppress(OSError):
             self.sock.sendall(msg)
+
+    def confirmed(self, n: object) -> None:
+        """The owner handed the first ``n`` lines to its handlers."""
+        if isinstance(n, int):
+            self.unconfirmed = [(i, r) for i, r in self.unconfirmed if i > n]
+
+    def write_unconfirmed(self) -> None:
+        """The owner will not take them: write them to ``fallback`` (stderr)."""
+        pending, self.unconfirmed = self.unconfirmed, []
+        if self.fallback is not None:
+            for _, record in pending:
+                if record.levelno >= self.fallback.level:
+                    self.fallback.handle(record)
+            self.fallback.flush()
 
 
 # How long the sidecar waits for the owner to hand its lines to the handlers it could not
@@ -498,6 +537,7 @@ class _Sidecar:
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
+        self.relay: _RelayHandler | None = None
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -560,6 +600,8 @@ class _Sidecar:
             self.done = True
         elif op == "logged":
             self.owner_logged = True
+            if self.relay is not None:
+                self.relay.confirmed(msg.get("n"))
         elif op == "stop":
             self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
         elif op == "stopped":
@@ -700,16 +742,20 @@ class _Sidecar:
                 action(event)
             except Exception:
                 logger.exception("action %r failed", action)
-        logger.error(
-            "stopping the owner (pid %d) so the launcher tears the job down",
-            config["owner_pid"],
+        emit(
+            logger,
+            logging.ERROR,
+            f"stopping the owner (pid {config['owner_pid']}) so the launcher tears the job down",
         )
         flush_logging(logger)
-        if (self.config.get("logging") or {}).get("relay"):
+        if self.relay is not None:
             # The owner writes these lines to its other handlers if it still can.
+            self.owner_logged = False
             with contextlib.suppress(OSError):
-                self.sock.sendall(_line(op="flush"))
-            self.pump(lambda: self.owner_logged, _OWNER_LOGGED_WAIT_S)
+                self.sock.sendall(_line(op="flush", n=self.relay.sent))
+            self.pump(lambda: self.owner_logged and not self.relay_pending(),
+                      _OWNER_LOGGED_WAIT_S)
+            self.relay.write_unconfirmed()
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
@@ -728,16 +774,27 @@ class _Sidecar:
                 other.watch.terminate()
         self.done = True
 
+    def relay_pending(self) -> bool:
+        return self.relay is not None and bool(self.relay.unconfirmed)
+
     # ---- main loop
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.relay is not None:
+                self.relay.write_unconfirmed()  # the owner is gone or let us go
+
+    def _run(self) -> int:
         while not self.config:
             msgs = self.read_messages()
             if msgs is None:
                 return 0
             self.config = msgs[0]
-        apply_logging_plan(self.config.get("logging"))
+        fallback = apply_logging_plan(self.config.get("logging"))
         if (self.config.get("logging") or {}).get("relay"):
-            logging.getLogger("healthkit").addHandler(_RelayHandler(self.sock))
+            self.relay = _RelayHandler(self.sock, fallback)
+            logging.getLogger("healthkit").addHandler(self.relay)
         try:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:

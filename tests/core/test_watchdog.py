@@ -773,15 +773,69 @@ def test_the_diagnosis_goes_to_the_applications_log_file_in_thread_and_sidecar_m
 
 
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
-@pytest.mark.parametrize("silence", [["--log-level", "CRITICAL"], ["--log-disabled"]])
-def test_a_silenced_healthkit_logger_prints_nothing_but_the_watchdog_still_acts_sidecar_too(
-    mode: str, silence: list[str]
+def test_a_healthkit_logger_set_above_error_prints_nothing_but_the_watchdog_still_acts(
+    mode: str,
 ) -> None:
-    """No handler configured: the fallback print honours the logger's level and disabled
-    (in the sidecar as in the owner), and the job is still failed."""
-    proc, _pids = run_owner("kill-helper", "--mode", mode, *silence)
+    """No handler configured: the fallback print honours the logger's level (in the sidecar
+    as in the owner), and the job is still failed."""
+    proc, _pids = run_owner("kill-helper", "--mode", mode, "--log-level", "CRITICAL")
     assert "healthkit" not in proc.stderr and "SIGKILL" not in proc.stderr, proc.stderr
     assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_disabled_healthkit_logger_still_gives_the_error_line(mode: str) -> None:
+    """``disabled`` is what dictConfig sets on every logger that exists when it runs: it
+    silences healthkit below ERROR, not the line that says why the job is ending."""
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-disabled")
+    assert f"ERROR {'healthkit sidecar: ' if mode == 'sidecar' else ''}healthkit watchdog" \
+        in proc.stderr, proc.stderr
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_dictconfig_after_import_keeps_the_error_line_in_the_apps_log(
+    mode: str, tmp_path: Path
+) -> None:
+    """``logging.config.dictConfig`` with its default ``disable_existing_loggers=True``,
+    after ``import healthkit``: the diagnosis still reaches the application's file."""
+    app_log = tmp_path / "app.log"
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-dictconfig", str(app_log))
+    text = app_log.read_text()
+    assert "APP ERROR healthkit: " in text and (
+        f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in text
+    ), (text, proc.stderr)
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_json_log_file_gets_only_json_lines_with_the_diagnosis(
+    mode: str, tmp_path: Path
+) -> None:
+    """A formatter class of the application's own (JSON) cannot run in the sidecar: its
+    lines are relayed to the owner, which writes them in its format; nothing in plain text
+    lands in that file."""
+    app_log = tmp_path / "app.jsonl"
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-json", str(app_log))
+    lines = [json.loads(x) for x in app_log.read_text().splitlines()]  # each one is JSON
+    died = [x for x in lines if f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in x["message"]]
+    assert len(died) == 1 and died[0]["level"] == "ERROR", lines
+    assert died[0]["logger"] == "healthkit"
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+def test_a_queue_handler_gets_each_sidecar_line_once() -> None:
+    """A QueueHandler is relayed to the owner; the sidecar's own stderr line is only for
+    what the owner does not take: each line shows once."""
+    proc, pids = run_owner("kill-helper", "--mode", "sidecar", "--log-queue")
+    out = proc.stdout + proc.stderr
+    died = f"helper-0 (pid {pids[0]}) was killed by SIGKILL"
+    assert out.count(died) == 1, out
+    assert f"QUEUED ERROR healthkit: healthkit watchdog (sidecar): {died}" in proc.stdout
+    assert out.count("stopping the owner (pid ") == 1, out
+    assert proc.returncode == -signal.SIGTERM
 
 
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
