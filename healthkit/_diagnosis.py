@@ -212,6 +212,14 @@ class ExitDiagnoser:
         cgroup_root = path_arg(cgroup_root, "cgroup_root")
         shm_path = path_arg(shm_path, "shm_path")
         kmsg_path = check_path(kmsg_path, "kmsg_path", allow_none=True)
+        if kmsg_path is not None and kmsg_path != "/dev/kmsg" and not os.path.exists(kmsg_path):
+            # The default may be missing (a container without /dev/kmsg) and is then named
+            # in the evidence; a path given by hand that does not exist is a typo.
+            raise InvalidArgumentError(
+                f"kmsg_path {kmsg_path!r} does not exist: give the kernel log's path "
+                "(/dev/kmsg), a file of its records, or None for no kernel-log evidence",
+                "kmsg_path",
+            )
         records = check_path(records, "records", allow_none=True)
         if cgroup is not None and not isinstance(cgroup, MemoryCgroup):
             raise InvalidArgumentTypeError(
@@ -330,6 +338,11 @@ class ExitDiagnoser:
             )
         if pid is not None:
             check_pid(pid)
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentTypeError(
+                f"name must be a str (the process's name in the line) or None, got {name!r}",
+                "name",
+            )
         if start_time is not None:
             if isinstance(start_time, bool) or not isinstance(start_time, int):
                 raise InvalidArgumentTypeError(

@@ -51,6 +51,7 @@ from healthkit._errors import (
     check_callable,
     check_int,
     check_pid,
+    check_signal,
     check_str,
     check_timeout,
     path_arg,
@@ -242,6 +243,13 @@ class ProcessWatch:
                 f"got {target!r} ({type(target).__name__})",
                 "target",
             )
+        if pid == os.getpid():
+            raise InvalidArgumentError(
+                f"target: pid {pid} is this process; a process cannot see its own death, so this "
+                "watch could never report anything. Watch the helper processes it depends "
+                "on (or watch this process from another one, e.g. mode='sidecar')",
+                "target",
+            )
         self.pid: int = pid
         self.name: str = name if name is not None else default_name
 
@@ -415,7 +423,9 @@ class ProcessWatch:
         return self.poll() is None
 
     def send_signal(self, sig: int) -> None:
-        """Signal the process through its pidfd, so a recycled pid is never hit."""
+        """Signal the process through its pidfd, so a recycled pid is never hit. ``sig`` is
+        a signal of this platform (``signal.SIGTERM`` or its int; not its name)."""
+        sig = check_signal(sig, "sig")
         self._check_open()
         if self._status is not None:
             return
@@ -693,6 +703,12 @@ class WatchSet:
 
     def remove(self, watch: ProcessWatch) -> None:
         """Stop waiting on ``watch`` (no error if it is not in the set)."""
+        if not isinstance(watch, ProcessWatch):
+            raise InvalidArgumentTypeError(
+                f"watch must be a ProcessWatch (remove_fd() takes a plain fd), got {watch!r} "
+                f"({type(watch).__name__})",
+                "watch",
+            )
         with self._lock:
             if self._closed:
                 return

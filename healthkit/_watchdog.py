@@ -218,6 +218,9 @@ class DisarmableWatchdog:
         self._lock = threading.RLock()
         self._judging = threading.RLock()  # one judgement at a time: watcher or exit hook
         self._records: dict[int, Watched] = {}  # id(watch) -> record, in insertion order
+        # pid -> its latest record: watch() finds a duplicate in O(1), so setting up N
+        # watches costs O(N), not O(N^2) (benchmarks/bench_setup.py).
+        self._by_pid: dict[int, Watched] = {}
         self._armed = False
         self._inert = False
         self._fired: Diagnosis | None = None
@@ -312,13 +315,14 @@ class DisarmableWatchdog:
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
-            for known in self._records.values():
-                if known.pid == pid and known.watch is not None and known.watch.status is None:
-                    return known.watch
+            known = self._by_pid.get(pid) if pid is not None else None
+            if known is not None and known.watch is not None and known.watch.status is None:
+                return known.watch
             owned = not isinstance(target, ProcessWatch)
             watch = target if isinstance(target, ProcessWatch) else ProcessWatch(target, name=name)
             record = Watched.of(watch, rule, owned=owned)
             self._records[id(watch)] = record
+            self._by_pid[record.pid] = record
             if self._armed and not self._inert:
                 if self._sidecar is not None:
                     self._sidecar.watch(record)
@@ -433,6 +437,10 @@ class DisarmableWatchdog:
         arming again afterwards watches only what is added after.
         """
         timeout = check_timeout(timeout, "timeout")
+        if not isinstance(reason, str):
+            raise InvalidArgumentTypeError(
+                f"reason must be a str (it is logged), got {reason!r}", "reason"
+            )
         with self._lock:
             if self._inert:
                 return
@@ -466,6 +474,7 @@ class DisarmableWatchdog:
             if r.owned and r.watch is not None:
                 r.watch.close()
         self._records = {k: r for k, r in self._records.items() if not r.owned}
+        self._by_pid = {r.pid: r for r in self._records.values()}
         for r in self._records.values():  # a new arm() judges what it sees afresh
             r.settled, r.deferred = False, None
         if self._sidecar_watch is not None:

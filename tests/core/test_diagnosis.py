@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -307,9 +308,15 @@ def test_other_exits_never_use_up_an_oom_kill(fixture_tree: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_sigkill_without_any_evidence_says_what_was_missing(tmp_path: Path) -> None:
-    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(tmp_path / "no-kmsg"))
+    # A kernel log that cannot be opened: the path exists (a missing one is refused at the
+    # call) but is a socket, which open() refuses (ENXIO), even for root.
+    kmsg = tmp_path / "kmsg.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(kmsg))
+    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(kmsg))
     with sigkilled() as w:
         d = diagnoser.diagnose(w)
+    diagnoser.close()
     assert d.cause is Cause.SIGKILL_UNCONFIRMED
     assert "kernel log not readable" in d.evidence
     assert "no memory cgroup counter readable" in d.evidence

@@ -954,3 +954,34 @@ def test_a_sidecar_refuses_a_diagnoser_subclass_it_cannot_run() -> None:
         hk.DisarmableWatchdog(mode="thread", diagnoser=d)  # its code runs here: accepted
     finally:
         d.close()
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """The watchdog's record table, counting how often something walks it."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().values()
+
+
+def test_watch_finds_a_duplicate_by_pid_without_walking_the_records() -> None:
+    """Set-up stays O(1) per watch (benchmarks/bench_setup.py measures it): watch() looks a
+    pid up instead of scanning every record; a second watch of the same pid still returns
+    the first one."""
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    wd = hk.DisarmableWatchdog(actions=[lambda event: None])
+    try:
+        wd._records = _CountingDict()
+        _CountingDict.walks = 0
+        watches = [wd.watch(p) for p in procs]
+        assert wd.watch(procs[1]) is watches[1]  # the duplicate, found by its pid
+        assert wd.watch(procs[1].pid) is watches[1]
+        assert _CountingDict.walks == 0
+        assert len(wd.watches) == 3
+    finally:
+        wd.disarm()
+        for p in procs:
+            p.kill()
+            p.wait()
