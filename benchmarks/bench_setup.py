@@ -151,7 +151,10 @@ def render(result: dict[str, Any]) -> str:
         f"Produced by `{result['command']}` on {result['date']} (Python {result['python']}, "
         f"{result['cpus']} CPUs, RLIMIT_NOFILE {result['nofile'][0]}/{result['nofile'][1]}). "
         f"Median over {ROUNDS} rounds per N of the per-watch time; the method is in "
-        "`benchmarks/bench_setup.py`.",
+        "`benchmarks/bench_setup.py`. Load average (1, 5, 15 min) before the run "
+        f"{', '.join(f'{x:.1f}' for x in result.get('load_before', []))}, after it "
+        f"{', '.join(f'{x:.1f}' for x in result.get('load_after', []))} (a shared machine; "
+        "its own 10,000 children count in the second).",
         "",
         "| watches N | `watch()` per watch | `arm()` per watch | baseline: list scan per watch |",
         "|---:|---:|---:|---:|",
@@ -204,7 +207,9 @@ def main(argv: list[str]) -> int:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "nofile": list(nofile),
+        "load_before": list(os.getloadavg()),
         "rows": [measure(n) for n in counts],
+        "load_after": list(os.getloadavg()),
     }
     if args.quick:
         out_dir = Path(tempfile.mkdtemp(prefix="hk-bench-setup-"))
