@@ -195,7 +195,22 @@ class log_diagnosis:
 def emit(log: logging.Logger, level: int, message: str) -> None:
     """Log ``message`` through the application's configuration; with none configured, print
     it to stderr with its level name (logging's last-resort handler would print it bare).
-    Both honour the logger's level and ``disabled``: a silenced logger prints nothing."""
+    Both honour the logger's level: a logger set above ``level`` prints nothing.
+
+    ``disabled`` silences it below ERROR only. ``logging.config.dictConfig`` sets it, by
+    default (``disable_existing_loggers=True``), on every logger that exists when it runs,
+    which is ``healthkit`` as soon as it is imported: the line saying why the job is about to
+    end must not vanish as a side effect of configuring logging. Set the level to silence it.
+    """
+    if log.disabled:
+        if level < logging.ERROR or log.getEffectiveLevel() > level:
+            return
+        if log.hasHandlers():
+            record = log.makeRecord(log.name, level, "(healthkit)", 0, "%s", (message,), None)
+            log.callHandlers(record)  # what log.handle() does, less the disabled check
+        else:
+            print(f"{logging.getLevelName(level)} {message}", file=sys.stderr)
+        return
     if not log.isEnabledFor(level):
         return
     if log.hasHandlers():
@@ -220,7 +235,8 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
     )
     if d.exception is not None:
         # The helper's own exception, as the end of a Python traceback reads.
-        text += "  its exception, last frames (full traceback in the record above):\n"
+        ctx = f" (in {d.exception.context})" if d.exception.context else ""
+        text += f"  its exception{ctx}, last frames (full traceback in the record above):\n"
         for frame in d.exception.frames:
             first, *source = frame.splitlines() or [""]
             text += f"    {first.strip()}\n" + "".join(f"      {s.strip()}\n" for s in source)

@@ -32,6 +32,7 @@ from healthkit._errors import (
     InvalidArgumentTypeError,
     NoSuchProcessError,
     check_bound,
+    check_callable,
     check_timeout,
 )
 from healthkit._proc import read_proc_stat
@@ -187,9 +188,11 @@ class BoundedBarrier:
                 f"parties must be the number of worker processes (an int), got {parties!r}",
                 "parties",
             )
-        if not 0 <= parties <= 65536:
+        if not 1 <= parties <= 65536:
             raise InvalidArgumentError(
-                f"parties must be the number of worker processes (0..65536), got {parties}",
+                f"parties must be the number of worker processes (1..65536), got {parties}"
+                + (": with no worker there is nothing to wait for; skip the barrier"
+                   if parties == 0 else ""),
                 "parties",
             )
         # > 0: a bound of 0 fails before anyone can arrive.
@@ -263,15 +266,17 @@ class BoundedBarrier:
         bound = self.timeout + _WORKER_MARGIN_S if bound is None else bound
         self._arrived[rank] = _ARRIVED
         start = time.monotonic()
-        try:
-            parent = ProcessWatch(self._parent_pid, name="parent")
-        except NoSuchProcessError:
-            raise self._worker_error(rank, "its parent is gone", start) from None
-        stat = read_proc_stat(self._parent_pid)
-        if stat is None or stat.start_time != self._parent_start_time:
-            parent.close()  # the pid now names another process
-            raise self._worker_error(rank, "its parent is gone", start)
-        watches = [parent]
+        watches: list[ProcessWatch] = []
+        if self._parent_pid != os.getpid():  # else the parent is this process: alive
+            try:
+                parent = ProcessWatch(self._parent_pid, name="parent")
+            except NoSuchProcessError:
+                raise self._worker_error(rank, "its parent is gone", start) from None
+            stat = read_proc_stat(self._parent_pid)
+            if stat is None or stat.start_time != self._parent_start_time:
+                parent.close()  # the pid now names another process
+                raise self._worker_error(rank, "its parent is gone", start)
+            watches.append(parent)
         try:
             outcome, _ = _race(
                 self._barrier.wait, watches, start + bound, f"{self.name} (worker {rank})"
@@ -313,6 +318,15 @@ class BoundedBarrier:
         ``on_failure`` (your teardown), then raise :class:`BarrierBrokenError` (or
         :class:`BarrierTimeoutError` if the bound expired with everyone alive).
         """
+        if on_failure is not None:
+            # Checked now: found out only when the barrier fails, its TypeError would
+            # replace the BarrierBrokenError the caller needs.
+            check_callable(on_failure, "on_failure")
+        if diagnoser is not None and not isinstance(diagnoser, ExitDiagnoser):
+            raise InvalidArgumentTypeError(
+                f"diagnoser must be a healthkit.ExitDiagnoser or None, got {diagnoser!r}",
+                "diagnoser",
+            )
         if not self._owner or os.getpid() != self._parent_pid:
             raise RuntimeError("BoundedBarrier.wait() is for the process that created it")
         if len(workers) != self.parties:

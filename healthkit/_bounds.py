@@ -65,6 +65,15 @@ def read_env_seconds(
     check_bound(default, f"default of ${name}")
     check_bound(default * multiplier, f"default of ${name} x multiplier {multiplier:g}")
     raw = os.environ.get(name)
+    if strict and raw is not None and (raw == "" or raw != raw.strip()):
+        # Strict means the value is used exactly as written: an empty value is not "unset"
+        # (a script that meant to set it lost its value) and spaces are not part of one.
+        what = "empty" if raw == "" else "padded with spaces"
+        raise InvalidArgumentError(
+            f"{name}={raw!r} is {what}: set it to a plain decimal number of seconds (like "
+            f"{name}={default:g}) or unset it",
+            name,
+        )
     if raw is None or raw.strip() == "":
         return float(default), False
     text = raw.strip()

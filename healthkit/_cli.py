@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)
     doctor.add_argument("--kmsg", default="/dev/kmsg", help=argparse.SUPPRESS)
     doctor.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
+    doctor.add_argument("--strict", action="store_true",
+                        help="exit 1 on a warning too (default: only when something healthkit "
+                        "needs is missing)")
     explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
     explain.add_argument("exit_code", type=_return_code,
                          help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N)")
@@ -84,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Ask running processes for their Python stacks. Give a rank's pid to "
         "ask it and every process below it (its helpers); give none to ask every live "
         "process of this user that opted in. A process that did not opt in is never "
-        "signalled (the signal would kill it).",
+        "signalled (the signal would kill it). A pid given is always reported; of the "
+        "processes below it, those that did not opt in are listed up to 10, then counted "
+        "(so `stacks 1`, torchrun's agent as a container's first process, shows the job's "
+        "helpers, not the machine).",
     )
     stacks.add_argument("pids", nargs="*", type=_pid("PID"), metavar="PID",
                         help="processes to ask, with their descendants")
@@ -106,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         from healthkit._doctor import report
 
         return report(sys.stdout, proc_root=args.proc_root, cgroup_root=args.cgroup_root,
-                      kmsg_path=args.kmsg, shm_path=args.shm)
+                      kmsg_path=args.kmsg, shm_path=args.shm, strict=args.strict)
     if args.command == "stacks":
+        if args.dir is not None and not os.path.isdir(args.dir):
+            stacks.error(f"--dir {args.dir}: no such directory (the opt-in directory is "
+                         "$HEALTHKIT_RECORD_DIR, else <tmp>/healthkit-<uid>)")
         return _print_stacks(args.pids or None, not args.no_descendants, args.dir,
                              args.timeout)
     from healthkit._diagnosis import ExitDiagnoser
@@ -122,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: Of the processes below a pid given, at most this many that did not opt in are listed one
+#: by one; the rest are counted (below pid 1 that would be the whole machine).
+_LISTED_BELOW = 10
+
+
 def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | None,
                   timeout: float) -> int:
     """Print each process's stacks; exit 1 when none answered (nothing to show)."""
@@ -130,11 +145,19 @@ def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | No
     from healthkit._userdir import record_dir
 
     directory = directory or record_dir()
-    stacks = dump_helper_stacks(pids, below=descendants, directory=directory,
+    given = [p for p in dict.fromkeys(pids or ()) if p != os.getpid()]
+    missing = [p for p in given if read_proc_stat(p) is None]
+    for pid in missing:
+        print(f"=== pid {pid}: no such process")
+    if pids is not None and len(missing) == len(given):
+        return 1
+    alive = None if pids is None else [p for p in given if p not in missing]
+    stacks = dump_helper_stacks(alive, below=descendants, directory=directory,
                                 timeout=timeout)
     if not stacks:
         print(f"no running process has opted in to stack dumps in {directory}")
         return 1
+    quiet_below: list[str] = []
     for pid, text in stacks.items():
         stat = read_proc_stat(pid)
         who = f"pid {pid}" + (f" ({stat.comm})" if stat is not None else " (gone)")
@@ -142,7 +165,15 @@ def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | No
             print(f"=== {who}:\n{text.rstrip()}")
         elif is_opted_in(directory, pid):
             print(f"=== {who}: opted in, but did not answer within {timeout:g} s")
+        elif pids is not None and pid not in given:
+            quiet_below.append(who)  # below a pid given: listed after, up to a bound
         else:
             print(f"=== {who}: not opted in to stack dumps (healthkit.record_exception or "
                   "healthkit.lowlevel.enable_stack_dumps)")
+    for who in quiet_below[:_LISTED_BELOW]:
+        print(f"=== {who}: not opted in to stack dumps (healthkit.record_exception or "
+              "healthkit.lowlevel.enable_stack_dumps)")
+    if len(quiet_below) > _LISTED_BELOW:
+        print(f"=== and {len(quiet_below) - _LISTED_BELOW} more processes below "
+              f"{', '.join(map(str, given))} that did not opt in to stack dumps")
     return 0 if any(stacks.values()) else 1

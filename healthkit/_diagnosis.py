@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -167,9 +167,10 @@ _UNKNOWN_STATUS: dict[str, tuple[str, str]] = {
 }
 
 
-# Kernel printk time stamps and process start times come from clocks that agree on a machine
-# that never suspends; allow a little for a start time's tick resolution.
-_CLOCK_SLACK_US = 20_000
+# Kernel printk time stamps (sched_clock) and process start times (boot time) come from
+# clocks that agree on a machine that never suspends, to about a millisecond (printk ran
+# 1.1-1.2 ms ahead on the machine the tests run on): allow a few.
+_CLOCK_SKEW_US = 5_000
 # A kernel record stamped this long after the death was observed is not about it.
 _AFTER_DEATH_SLACK_US = 5_000_000
 
@@ -216,10 +217,18 @@ class ExitDiagnoser:
         cgroup_root = path_arg(cgroup_root, "cgroup_root")
         shm_path = path_arg(shm_path, "shm_path")
         kmsg_path = check_path(kmsg_path, "kmsg_path", allow_none=True)
+        if kmsg_path is not None and kmsg_path != "/dev/kmsg" and not os.path.exists(kmsg_path):
+            # The default may be missing (a container without /dev/kmsg) and is then named
+            # in the evidence; a path given by hand that does not exist is a typo.
+            raise InvalidArgumentError(
+                f"kmsg_path {kmsg_path!r} does not exist: give the kernel log's path "
+                "(/dev/kmsg), a file of its records, or None for no kernel-log evidence",
+                "kmsg_path",
+            )
         records = check_path(records, "records", allow_none=True)
         if cgroup is not None and not isinstance(cgroup, MemoryCgroup):
             raise InvalidArgumentTypeError(
-                f"cgroup must be a memory cgroup from healthkit's own lookup, or None, got "
+                f"cgroup must be a healthkit.lowlevel.MemoryCgroup (or None), got "
                 f"{cgroup!r}",
                 "cgroup",
             )
@@ -244,6 +253,45 @@ class ExitDiagnoser:
         self._kmsg = (
             KernelLogFollower(kmsg_path, from_start=history) if kmsg_path else None
         )
+
+    def _settings(self) -> dict[str, Any]:
+        """What the sidecar needs to build this diagnoser again in its own process (JSON):
+        every setting, the cgroup as resolved here, and the OOM counter's baseline, so that
+        "during this run" means the same run there."""
+        cg = self.cgroup
+        with self._lock:
+            explained = self._oom_explained
+        return {
+            "proc_root": self._proc_root,
+            "kmsg_path": self.kernel_log.path if self.kernel_log is not None else None,
+            "shm_path": self._shm_path,
+            "cgroup": None if cg is None else {"version": cg.version, "path": cg.path,
+                                               "root": cg.root},
+            "history": self.history,
+            "records": self.records,
+            "local_evidence": self.local_evidence,
+            "oom_baseline": self._oom_baseline,
+            "oom_explained": explained,
+        }
+
+    @classmethod
+    def _from_settings(cls, settings: dict[str, Any]) -> ExitDiagnoser:
+        """The diagnoser :meth:`_settings` describes (in the sidecar)."""
+        cg = settings["cgroup"]
+        diagnoser = cls(
+            proc_root=settings["proc_root"],
+            kmsg_path=settings["kmsg_path"],
+            shm_path=settings["shm_path"],
+            cgroup=MemoryCgroup(int(cg["version"]), cg["path"], cg["root"]) if cg else None,
+            history=bool(settings["history"]),
+            records=settings["records"],
+            local_evidence=bool(settings["local_evidence"]),
+        )
+        if cg is None:
+            diagnoser.cgroup = None  # none was found or used there: do not look for one here
+        diagnoser._oom_baseline = settings["oom_baseline"]
+        diagnoser._oom_explained = int(settings["oom_explained"])
+        return diagnoser
 
     def close(self) -> None:
         """Release the kernel-log fd. Idempotent; also done when the object is collected."""
@@ -273,10 +321,13 @@ class ExitDiagnoser:
         status alone. A SIGKILL is then ``SIGKILL_UNCONFIRMED`` until the full diagnosis.
         """
         status: ExitStatus | None
+        identity: int | None = None
         if isinstance(subject, ProcessWatch):
             status = subject.poll() if not subject.closed else subject.status
             name = name or subject.name
             if pid is None or pid == subject.pid:
+                if start_time is None or start_time == subject.start_time:
+                    identity = subject._identity
                 start_time = start_time if start_time is not None else subject.start_time
             pid = pid if pid is not None else subject.pid
             peak_rss_bytes = peak_rss_bytes or subject.peak_rss_bytes
@@ -292,6 +343,11 @@ class ExitDiagnoser:
             )
         if pid is not None:
             check_pid(pid)
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentTypeError(
+                f"name must be a str (the process's name in the line) or None, got {name!r}",
+                "name",
+            )
         if start_time is not None:
             if isinstance(start_time, bool) or not isinstance(start_time, int):
                 raise InvalidArgumentTypeError(
@@ -306,7 +362,11 @@ class ExitDiagnoser:
                 )
         diagnosis = self._diagnose(status, name, pid, start_time, peak_rss_bytes, evidence)
         if evidence and diagnosis.abnormal and pid is not None and start_time is not None:
-            found = find_record(pid, start_time, self.records) if self.records else None
+            found = (
+                find_record(pid, start_time, self.records, identity=identity)
+                if self.records
+                else None
+            )
             if found is not None:
                 diagnosis = _with_exception(diagnosis, found)
         return diagnosis
@@ -595,15 +655,30 @@ def _start_usec(start_time: int) -> int:
     return start_time * 1_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+def _when(kill: OomKill, start_time: int) -> str:
+    """When a kernel record was stamped relative to the start of the process that started
+    at ``start_time``: ``"before"``, ``"after"``, or ``"same tick"``. A start time counts
+    whole clock ticks (10 ms), rounded down: the process started somewhere in that tick,
+    so a record stamped within it may be about an earlier process with the same pid (a
+    pid reused within a few ms of an OOM kill) as well as about this one."""
+    start = _start_usec(start_time)
+    if kill.usec < start - _CLOCK_SKEW_US:
+        return "before"
+    if kill.usec < start + 1_000_000 // os.sysconf("SC_CLK_TCK") + _CLOCK_SKEW_US:
+        return "same tick"
+    return "after"
+
+
 def _is_this_process(
     kill: OomKill, start_time: int | None, comm: str | None, observed: float
 ) -> bool:
     """Whether a kernel OOM record is about the process that started at ``start_time``:
-    logged after it started (an earlier record is about an earlier owner of the pid), not
-    long after its death was seen, and naming its command when that is known."""
+    logged surely after it started (an earlier record is about an earlier owner of the
+    pid; one within its start's clock tick may be), not long after its death was seen, and
+    naming its command when that is known."""
     if start_time is None:
         return False
-    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
+    if _when(kill, start_time) != "after":
         return False
     if kill.usec > observed * 1_000_000 + _AFTER_DEATH_SLACK_US:
         return False
@@ -616,9 +691,13 @@ def _not_this_process(kill: OomKill, start_time: int | None, comm: str | None) -
     if start_time is None:
         return head + ", not taken as this process's: its start time is unknown here"
     started = _start_usec(start_time) / 1e6
-    if kill.usec + _CLOCK_SLACK_US < _start_usec(start_time):
-        return head + f", before this process started ({started:.1f} s): an earlier process " \
-            "with the same pid"
+    when = _when(kill, start_time)
+    if when == "before":
+        return head + f", before this process started ({started:.1f} s): an earlier " \
+            "process with the same pid"
+    if when == "same tick":
+        return head + f", within the clock tick this process started in ({started:.1f} s): " \
+            "it may be an earlier process with the same pid, so it confirms nothing"
     if comm is not None and kill.comm[:15] != comm[:15]:
         return head + f", but this process is {comm!r}: another process with the same pid"
     return head + ", after this death was seen: another process with the same pid"
@@ -701,24 +780,61 @@ def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
             f"its peak RSS {format_bytes(exc.peak_rss_bytes)} when it raised (VmHWM, "
             "exception record)",
         )
+    if exc.exit_call is not None:
+        hint = (
+            "Fix what it reported when it called sys.exit (its message, also in that "
+            "process's stderr); where it called it is in the exception record"
+        )
+    else:
+        hint = (
+            "Fix the cause of that exception; its full traceback is in the exception record "
+            "and in that process's stderr"
+        )
     if diagnosis.cause in (Cause.ERROR_EXIT, Cause.UNKNOWN) and diagnosis.signal is None:
         return attrs.evolve(
             diagnosis,
             exception=exc,
-            likely=f"it raised {exc.summary}{where}",
+            likely=f"it {exc.described}{where}",
             evidence=(record, *extra, *diagnosis.evidence),
-            hint="Fix the cause of that exception; its full traceback is in the exception "
-            "record and in that process's stderr",
+            hint=hint,
+        )
+    if diagnosis.cause is Cause.EARLY_EXIT:
+        # Exit 0 with an exception in another thread or an atexit callback: that exception
+        # is most likely why it stopped doing its work.
+        return attrs.evolve(
+            diagnosis,
+            exception=exc,
+            likely=f"it {exc.described}{where}, then returned; so whoever depends on it "
+            "will wait forever",
+            evidence=(record, *extra, *diagnosis.evidence),
+            hint=hint,
         )
     return attrs.evolve(
         diagnosis,
         exception=exc,
         evidence=(
             *diagnosis.evidence,
-            f"it had raised {exc.summary}{where} before it ended ({record})",
+            f"it had {exc.described}{where} before it ended ({record})",
             *extra,
         ),
     )
+
+
+def with_exception_record(
+    diagnosis: Diagnosis,
+    diagnoser: ExitDiagnoser,
+    start_time: int | None,
+    identity: int | None = None,
+) -> Diagnosis:
+    """``diagnosis`` with its process's exception record, if it wrote one: for a diagnosis
+    made abnormal after :meth:`ExitDiagnoser.diagnose` (an exit 0 that "returned early"),
+    which looks up records for abnormal exits only."""
+    if diagnosis.exception is not None or diagnosis.pid is None or start_time is None:
+        return diagnosis
+    if not diagnoser.records:
+        return diagnosis
+    found = find_record(diagnosis.pid, start_time, diagnoser.records, identity=identity)
+    return _with_exception(diagnosis, found) if found is not None else diagnosis
 
 
 class _Make(Protocol):

@@ -7,6 +7,8 @@ import importlib.metadata
 import os
 import platform
 import resource
+import subprocess
+import sys
 from typing import TextIO
 
 import attrs
@@ -15,6 +17,7 @@ from healthkit._evidence import KernelLog, find_memory_cgroup, format_bytes, shm
 from healthkit._watch import HAVE_PIDFD
 
 OK, WARN, MISSING, INFO = "ok", "warn", "missing", "info"
+_IMPORT_TIMEOUT_S = 120.0  # an integration imports torch: seconds, more on a loaded machine
 
 
 @attrs.frozen
@@ -98,26 +101,63 @@ def checks(
         f"RLIMIT_NOFILE {soft} (hard {hard}); each watch holds one fd"
         + ("; raise it to watch more than a few hundred processes" if soft < 4096 else ""),
     ))
-    for dist, what in (
-        ("torch", "torch"),
-        ("graphlearn-torch", "graphlearn-torch (GLT)"),
-        ("graphscope-client", "graph-learn (inside graphscope-client)"),
-        ("pipeline-healthkit-glt", "pipeline-healthkit-glt"),
-        ("pipeline-healthkit-graphlearn", "pipeline-healthkit-graphlearn"),
+    for dist, what, module in (
+        ("torch", "torch", None),
+        ("graphlearn-torch", "graphlearn-torch (GLT)", None),
+        ("graphscope-client", "graph-learn (inside graphscope-client)", None),
+        ("pipeline-healthkit-glt", "pipeline-healthkit-glt", "healthkit_glt"),
+        ("pipeline-healthkit-graphlearn", "pipeline-healthkit-graphlearn", "healthkit_graphlearn"),
     ):
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out.append(Check(INFO, what, "not installed"))
+            continue
+        failure = _import_failure(module) if module is not None else None
+        if failure is None:
+            out.append(Check(INFO, what, f"{version}" + (f"; import {module} works"
+                                                          if module else "")))
         else:
-            out.append(Check(INFO, what, f"{version}"))
+            out.append(Check(WARN, what, f"{version} installed, but import {module} fails: "
+                             f"{failure}"))
     return out
 
 
-def report(out: TextIO, **roots: str) -> int:
-    """Print one line per check; exit status 0 unless something healthkit needs is missing."""
+def _import_failure(module: str) -> str | None:
+    """Why ``import module`` fails, or ``None``. In a child process: an integration imports
+    torch (seconds), and a broken native library can abort the interpreter that imports it."""
+    code = f"import {module}"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=_IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"it did not finish within {_IMPORT_TIMEOUT_S:g} s"
+    if proc.returncode == 0:
+        return None
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else f"exit status {proc.returncode}"
+    return last[:500]
+
+
+def report(out: TextIO, *, strict: bool = False, **roots: str) -> int:
+    """Print one line per check and a summary. Exit status: 1 when something healthkit
+    needs is missing, or (``strict``) on any warning; else 0. A warning means less evidence
+    (no kernel log as non-root, a small /dev/shm), not a broken watchdog, so by default it
+    does not fail a pre-flight script; ``--strict`` makes it."""
     results = checks(**roots)
     width = max(len(c.topic) for c in results)
     for c in results:
         out.write(f"[{c.verdict:^7}] {c.topic:<{width}}  {c.detail}\n")
-    return 1 if any(c.verdict == MISSING for c in results) else 0
+    missing = [c.topic for c in results if c.verdict == MISSING]
+    warned = [c.topic for c in results if c.verdict == WARN]
+    if missing:
+        out.write(f"missing: {', '.join(missing)}: healthkit cannot work here (exit 1)\n")
+        return 1
+    if warned:
+        out.write(f"{len(warned)} warning{'s' if len(warned) > 1 else ''} "
+                  f"({', '.join(warned)}): the core works; each line says what is "
+                  "lacking"
+                  + (" (exit 1: --strict)\n" if strict else "\n"))
+        return 1 if strict else 0
+    out.write("all ok\n")
+    return 0

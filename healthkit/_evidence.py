@@ -10,6 +10,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 
@@ -85,15 +86,45 @@ def _read_keyed(path: str, key: str) -> int | None:
     return None
 
 
+def _check_version(instance: object, attribute: Any, value: Any) -> None:
+    from healthkit._errors import InvalidArgumentError, InvalidArgumentTypeError
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError(
+            f"version must be 1 or 2 (the cgroup hierarchy's version), got {value!r}", "version"
+        )
+    if value not in (1, 2):
+        raise InvalidArgumentError(
+            f"version must be 1 (memory.oom_control) or 2 (memory.events), got {value}",
+            "version",
+        )
+
+
+def _check_dir(instance: object, attribute: Any, value: Any) -> None:
+    from healthkit._errors import InvalidArgumentTypeError
+
+    if not isinstance(value, str) or "\0" in value or (attribute.name == "path" and not value):
+        raise InvalidArgumentTypeError(
+            f"{attribute.name} must be a directory path (a str), got {value!r}", attribute.name
+        )
+
+
 @attrs.frozen
 class MemoryCgroup:
-    """One memory cgroup directory, v1 or v2, with the counters OOM attribution needs."""
+    """One memory cgroup directory, v1 or v2, with the counters OOM attribution needs.
 
-    version: int
-    path: str
+    Found by :func:`find_memory_cgroup`, or built by hand for
+    ``ExitDiagnoser(cgroup=...)`` when the helpers run in another cgroup than their owner:
+    ``MemoryCgroup(2, "/sys/fs/cgroup/job/helpers")`` (v2: the directory holding
+    ``memory.events``) or ``MemoryCgroup(1, "/sys/fs/cgroup/memory/job/helpers")`` (v1:
+    holding ``memory.oom_control``).
+    """
+
+    version: int = attrs.field(validator=_check_version)
+    path: str = attrs.field(validator=_check_dir)
     #: The hierarchy's mount point (``/sys/fs/cgroup/memory`` on v1), when known: the
     #: cgroup is then named as the kernel names it (``/kubepods/pod1``), not by its path.
-    root: str = attrs.field(default="", eq=False)
+    root: str = attrs.field(default="", eq=False, validator=_check_dir)
 
     @property
     def name(self) -> str:
@@ -168,7 +199,14 @@ def find_memory_cgroup(
     A v1 ``memory`` controller wins over the v2 unified line (hybrid hosts, like many
     container runtimes, list both). Inside a cgroup namespace the listed path may not exist
     under ``cgroup_root``; then the nearest existing ancestor that has the counter is used.
+    ``None`` when it cannot be located (no memory controller, or a cgroup outside ours).
     """
+    from healthkit._errors import check_pid, path_arg
+
+    if pid != "self":
+        check_pid(pid)
+    proc_root = path_arg(proc_root, "proc_root")
+    cgroup_root = path_arg(cgroup_root, "cgroup_root")
     text = _read_text(f"{proc_root}/{pid}/cgroup")
     if text is None:
         return None

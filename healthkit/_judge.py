@@ -18,7 +18,7 @@ from collections.abc import Callable
 import attrs
 
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
-from healthkit._diagnosis import Diagnosis, returned_early
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early, with_exception_record
 from healthkit._proc import read_proc_stat
 from healthkit._stopsignals import StopEpisode
 from healthkit._watch import ExitStatus, ProcessWatch
@@ -59,10 +59,18 @@ class Watched:
         )
 
 
-def early_exit_wording(diagnosis: Diagnosis, record: Watched) -> Diagnosis:
-    """An exit 0 of a process meant to run until disarmed is a failure of its own kind."""
+def early_exit_wording(
+    diagnosis: Diagnosis, record: Watched, diagnoser: ExitDiagnoser | None = None
+) -> Diagnosis:
+    """An exit 0 of a process meant to run until disarmed is a failure of its own kind.
+    With ``diagnoser`` (the full diagnosis), its exception record is carried too: an
+    exception in another thread or an atexit callback leaves the exit code 0."""
     if diagnosis.exit_code == 0 and record.on_clean_exit != "ignore":
-        return returned_early(diagnosis)
+        early = returned_early(diagnosis)
+        if diagnoser is not None:
+            identity = record.watch._identity if record.watch is not None else None
+            early = with_exception_record(early, diagnoser, record.start_time, identity)
+        return early
     return diagnosis
 
 

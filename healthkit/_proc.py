@@ -20,9 +20,11 @@ __all__ = [
     "children",
     "descendants",
     "may_read_exit_code",
+    "pidfd_identity",
     "read_peak_rss",
     "read_pending_signals",
     "read_proc_stat",
+    "self_identity",
     "status_ids",
 ]
 
@@ -241,3 +243,37 @@ def group_members(pgrp: int, proc_root: str = "/proc") -> list[int]:
         if stat is not None and stat.pgrp == pgrp and stat.state not in ("Z", "X"):
             out.append(stat.pid)
     return out
+
+
+_anon_dev: int | None = None
+
+
+def pidfd_identity(pidfd: int) -> int | None:
+    """The process a pidfd names, as one number for the whole boot: the pidfd's inode on
+    pidfs (Linux 6.9+, 64-bit), shared by every pidfd of that process and never given to
+    another. It tells two processes apart when they share a pid *and* a start time (a pid
+    reused within one clock tick, 10 ms), which ``/proc/<pid>/stat`` cannot. ``None`` on
+    older kernels, where every pidfd is the same anonymous inode."""
+    global _anon_dev
+    try:
+        st = os.fstat(pidfd)
+        if _anon_dev is None:
+            import select
+
+            with select.epoll() as probe:  # an anonymous inode on every kernel
+                _anon_dev = os.fstat(probe.fileno()).st_dev
+    except OSError:
+        return None
+    return None if st.st_dev == _anon_dev else st.st_ino
+
+
+def self_identity() -> int | None:
+    """:func:`pidfd_identity` of this process."""
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):
+        return None
+    try:
+        return pidfd_identity(fd)
+    finally:
+        os.close(fd)

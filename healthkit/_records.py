@@ -20,6 +20,20 @@ paths are resolved by :mod:`healthkit._safefile`.
 
 Which process: a record is named after the pid *and the process's start time* (from
 ``/proc/<pid>/stat``), so a later process that reuses the pid never matches an old record.
+The start time counts clock ticks (10 ms): a pid reused within one tick has the same one.
+Where the kernel numbers processes for good (pidfs, Linux 6.9+), the record also carries
+that number (:func:`~healthkit._proc.pidfd_identity`) and a reader that knows the process's
+own (a :class:`~healthkit.ProcessWatch` pins it) takes no record with another.
+
+Every ending that has a Python cause is recorded, because each one reads "exited with code
+N" without it: an exception out of the entry point, ``sys.exit(3)`` or ``sys.exit("fatal:
+...")`` (the message would otherwise be only in stderr), and, once the entry point ran, an
+exception that ends one of the process's other threads or an ``atexit`` callback (both leave
+the exit code as it was: a helper whose loader thread died "returned early" with no cause).
+The entry point's own ending replaces a record of either; of those, the first one is kept
+(the first exception is the cause; later ones are most often its consequences).
+``sys.exit(0)``, ``sys.exit()`` and ``KeyboardInterrupt`` are not recorded: a clean ending
+and a stop are not failures to explain.
 
 Size: a record is at most 64 KiB; a longer traceback keeps its first and last parts (the
 innermost frames, where the error was raised, are at the end).
@@ -32,7 +46,9 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
+import threading
 import time
 import traceback
 import types
@@ -41,7 +57,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import attrs
 
-from healthkit._proc import read_peak_rss, read_proc_stat
+from healthkit._proc import read_peak_rss, read_proc_stat, self_identity
 from healthkit._safefile import UnsafePathError, open_directory, read_private, write_atomic
 from healthkit._stacks import enable_private_stack_dumps, withdraw_stack_dumps
 from healthkit._userdir import RECORD_DIR_ENV, default_record_dir, record_dir
@@ -83,14 +99,39 @@ class HelperException:
     where: str = ""
     #: The helper's peak RSS (``VmHWM``) when it raised, if it could be read.
     peak_rss_bytes: int | None = None
+    #: Where in the process it ended: ``""`` for its entry point, ``"thread NAME"`` for
+    #: another thread, ``"atexit callback NAME"`` for an ``atexit`` callback.
+    context: str = ""
+
+    @property
+    def exit_call(self) -> str | None:
+        """``sys.exit(3)`` or ``sys.exit('fatal: ...')`` when the record is a ``SystemExit``
+        out of the entry point, else ``None``."""
+        if self.type != "SystemExit" or self.context:
+            return None
+        code = self.message
+        shown = code if re.fullmatch(r"-?\d+", code) else repr(_first_line(code, 300))
+        return f"sys.exit({shown})"
+
+    @property
+    def described(self) -> str:
+        """How it ended, as a diagnosis tells it: ``raised ValueError: x``, ``called
+        sys.exit(3)``, ``raised ValueError: x in thread loader``."""
+        call = self.exit_call
+        if call is not None:
+            return f"called {call}"
+        return f"raised {self.summary}" + (f" in {self.context}" if self.context else "")
 
     @property
     def summary(self) -> str:
         """``Type: message`` on one line, as a traceback's last line reads."""
-        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        if len(first) > 300:
-            first = first[:297] + "..."
+        first = _first_line(self.message, 300)
         return f"{self.type}: {first}" if first else self.type
+
+
+def _first_line(text: str, limit: int) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[: limit - 3] + "..." if len(first) > limit else first
 
 
 # ---------------------------------------------------------------------------- writing
@@ -118,7 +159,7 @@ def _cap_traceback(text: str, limit: int) -> str:
     return f"{head}\n[... {cut} bytes of the traceback left out ...]\n{tail}"
 
 
-def _format(exc: BaseException, pid: int, start_time: int) -> bytes:
+def _format(exc: BaseException, pid: int, start_time: int, context: str = "") -> bytes:
     try:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     except Exception:
@@ -143,24 +184,44 @@ def _format(exc: BaseException, pid: int, start_time: int) -> bytes:
         "frames": frames,
         "where": where,
         "peak_rss_bytes": read_peak_rss(pid),
+        "context": context,
+        "identity": self_identity(),
     }
     head = _HEADER + json.dumps(meta).encode() + b"\n"
     body = _cap_traceback(text, _MAX_RECORD_BYTES - len(head)).encode("utf-8", "replace")
     return head + body
 
 
-def write_record(exc: BaseException, directory: str | None = None) -> str | None:
+# The pid whose record this interpreter wrote, and whether it came from the entry point:
+# another thread's or an atexit callback's exception never replaces the entry point's, nor
+# a first one of its own kind. A fork child starts with a pid of its own, so with no record.
+_written: tuple[int, bool] | None = None
+_written_lock = threading.Lock()
+
+
+def write_record(
+    exc: BaseException, directory: str | None = None, *, context: str = ""
+) -> str | None:
     """Record ``exc`` as this process's exception; returns the record's path, or ``None``
     (with a warning) if it could not be written. Never raises: it runs while the process
-    is dying of ``exc``, which must stay the error the process reports."""
+    is dying of ``exc``, which must stay the error the process reports.
+
+    ``context`` names where it ended when not in the entry point (``"thread NAME"``,
+    ``"atexit callback NAME"``): such a record is written only if this process wrote none
+    yet, and the entry point's own ending replaces it."""
+    global _written
     directory = directory or record_dir()
     try:
         pid = os.getpid()
+        with _written_lock:
+            if context and _written is not None and _written[0] == pid:
+                return None
+            _written = (pid, not context)
         stat = read_proc_stat(pid)
         if stat is None:
             return None
         name = record_name(pid, stat.start_time)
-        data = _format(exc, pid, stat.start_time)
+        data = _format(exc, pid, stat.start_time, context)
         dir_fd = open_directory(directory, create=True, private=True)
         try:
             write_atomic(dir_fd, name, data, mode=0o600, shown=os.path.join(directory, name))
@@ -196,21 +257,24 @@ def _prune_old(dir_fd: int) -> None:
 
 
 # ---------------------------------------------------------------------------- reading
-def find_record(pid: int, start_time: int, directory: str | None = None
-                ) -> HelperException | None:
+def find_record(pid: int, start_time: int, directory: str | None = None, *,
+                identity: int | None = None) -> HelperException | None:
     """:func:`read_record` in ``directory`` (default :func:`record_dir`), then in
     :func:`default_record_dir`: the helper may not have inherited the variable."""
     first = directory or record_dir()
     for place in dict.fromkeys((first, default_record_dir())):
-        found = read_record(pid, start_time, place)
+        found = read_record(pid, start_time, place, identity=identity)
         if found is not None:
             return found
     return None
 
 
-def read_record(pid: int, start_time: int, directory: str | None = None) -> HelperException | None:
+def read_record(pid: int, start_time: int, directory: str | None = None, *,
+                identity: int | None = None) -> HelperException | None:
     """The exception record of the process ``(pid, start_time)``, or ``None`` if it wrote
-    none (or the directory or file fails a safety check, or is malformed)."""
+    none (or the directory or file fails a safety check, or is malformed). With
+    ``identity`` (the process's :func:`~healthkit._proc.pidfd_identity`), a record that
+    carries another is an earlier process's that reused the pid within one clock tick."""
     directory = directory or record_dir()
     name = record_name(pid, start_time)
     try:
@@ -228,6 +292,9 @@ def read_record(pid: int, start_time: int, directory: str | None = None) -> Help
         meta = json.loads(line)
         if meta["pid"] != pid or meta["start_time"] != start_time:
             return None
+        written_by = meta.get("identity")
+        if identity is not None and isinstance(written_by, int) and written_by != identity:
+            return None
         peak = meta.get("peak_rss_bytes")
         return HelperException(
             type=str(meta["type"]),
@@ -238,6 +305,7 @@ def read_record(pid: int, start_time: int, directory: str | None = None) -> Help
             start_time=start_time,
             where=str(meta.get("where", "")),
             peak_rss_bytes=peak if isinstance(peak, int) and peak >= 0 else None,
+            context=str(meta.get("context", "")),
         )
     except (ValueError, KeyError, TypeError):
         logger.warning("the exception record %s is malformed: ignored",
@@ -246,6 +314,56 @@ def read_record(pid: int, start_time: int, directory: str | None = None) -> Help
 
 
 # ---------------------------------------------------------------------------- the wrapper
+def _worth_recording(exc: BaseException | None) -> bool:
+    """An exception, or a ``sys.exit`` that fails (a non-zero code or a message). A clean
+    ``sys.exit()`` and ``KeyboardInterrupt`` are a stop, which is not a failure to explain."""
+    if isinstance(exc, SystemExit):
+        return exc.code is not None and exc.code is not False and exc.code != 0
+    return isinstance(exc, Exception)
+
+
+_hooks_installed = False
+
+
+def _install_hooks() -> None:
+    """Record the exception that ends another thread or an ``atexit`` callback of this
+    process. Installed once, the first time an entry point is wrapped, and left in place:
+    ``atexit`` callbacks run after the entry point returned. Each hook hands on to the one
+    it replaced, so what the process prints is unchanged."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    before_thread = threading.excepthook
+    before_unraisable = sys.unraisablehook
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        try:
+            if isinstance(args.exc_value, Exception):
+                name = args.thread.name if args.thread is not None else "?"
+                write_record(args.exc_value, context=f"thread {name}")
+        finally:
+            before_thread(args)
+
+    def unraisable_hook(unraisable: Any) -> None:
+        try:
+            message = unraisable.err_msg or ""
+            if isinstance(unraisable.exc_value, Exception) and message.startswith(
+                "Exception ignored in atexit callback"
+            ):
+                func = unraisable.object
+                name = getattr(func, "__qualname__", None) if func is not None else None
+                if name is None:  # 3.13 names the callback in the message instead
+                    found = re.search(r"<function (\S+)", message)
+                    name = found.group(1) if found else "?"
+                write_record(unraisable.exc_value, context=f"atexit callback {name}")
+        finally:
+            before_unraisable(unraisable)
+
+    threading.excepthook = thread_hook
+    sys.unraisablehook = unraisable_hook
+
+
 class _Recorder:
     """One use of :func:`record_exception` as a ``with`` block."""
 
@@ -254,6 +372,7 @@ class _Recorder:
         self._stack_file: str | None = None
 
     def __enter__(self) -> _Recorder:
+        _install_hooks()
         if self._stacks:
             self._stack_file = enable_private_stack_dumps(record_dir())
         return self
@@ -265,9 +384,8 @@ class _Recorder:
         tb: types.TracebackType | None,
     ) -> None:
         try:
-            # Exceptions only: SystemExit and KeyboardInterrupt are ways to stop, and a
-            # stop is not a failure to explain.
-            if isinstance(exc, Exception):
+            if _worth_recording(exc):
+                assert exc is not None
                 write_record(exc)
         finally:
             if self._stack_file is not None:
@@ -338,10 +456,12 @@ def record_exception(
         ctx.Process(target=serve, args=(queue,)).start()
 
     or around the body of a helper script (``with healthkit.record_exception(): main()``).
-    An ``Exception`` that escapes is written to this process's exception record (see
+    An ``Exception`` that escapes, or a failing ``sys.exit`` (``sys.exit(3)``,
+    ``sys.exit("fatal: ...")``), is written to this process's exception record (see
     :mod:`healthkit._records`) and then propagates unchanged: the process still prints its
-    traceback and exits with the same code. ``SystemExit`` and ``KeyboardInterrupt`` are
-    not recorded.
+    traceback and exits with the same code. From then on an exception that ends another of
+    its threads or an ``atexit`` callback is recorded too (unless a record was written
+    already). ``sys.exit(0)`` and ``KeyboardInterrupt`` are not recorded.
 
     ``stacks=True`` also opts the helper in to on-demand stack dumps while the entry point
     runs (``healthkit stacks PID``; :func:`healthkit.dump_helper_stacks`), unless SIGUSR2

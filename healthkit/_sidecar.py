@@ -39,8 +39,9 @@ Protocol: one JSON object per line, both ways, over a socketpair (``op`` names t
 owner -> sidecar
 ==================  =========================================================================
 ``config``          ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_after``, ``stop_grace``,
-                    ``second_look``, ``logging`` (:func:`logging_plan`); answered by
-                    ``ready``
+                    ``second_look``, ``logging`` (:func:`logging_plan`), ``diagnoser``
+                    (the owner's diagnoser's settings), ``rss_sample_interval``; answered
+                    by ``ready``
 ``watch``           ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
                     ``returncode`` (what the owner already knows); answered by ``watching``
 ``status``          ``pid``, ``returncode``, ``source``: how a watched process ended, as the
@@ -86,6 +87,7 @@ from healthkit import _jobnotice, _judge, _stopsignals
 from healthkit._actions import (
     TORCHELASTIC_ERROR_FILE,
     FailureEvent,
+    emit,
     flush_logging,
     log_diagnosis,
     write_torchelastic_error_file,
@@ -183,6 +185,11 @@ def logging_plan(
 
 def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
     fmt = h.formatter
+    if fmt is not None and type(fmt) is not logging.Formatter:
+        # A formatter class of the application's own (JSON, structured): the sidecar cannot
+        # run its code (it imports nothing of the application), and writing plain text into
+        # that file would break it. Its lines are relayed to the owner, which formats them.
+        return None
     spec: dict[str, Any] = {
         "level": h.level,
         "fmt": fmt._fmt if fmt is not None else None,
@@ -200,9 +207,11 @@ def _handler_spec(h: logging.Handler) -> dict[str, Any] | None:
     return None
 
 
-def apply_logging_plan(plan: dict[str, Any] | None) -> None:
+def apply_logging_plan(plan: dict[str, Any] | None) -> logging.Handler | None:
     """In the sidecar: the owner's handlers, level and ``disabled`` for ``healthkit``; with
-    no handler carried, the sidecar's own line on its stderr (at the owner's level)."""
+    no handler carried, the sidecar's own line on its stderr (at the owner's level). When
+    the plan relays lines to the owner, that stderr line is returned instead of installed:
+    it is written only for lines the owner did not take (see :class:`_RelayHandler`)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -226,15 +235,19 @@ def apply_logging_plan(plan: dict[str, Any] | None) -> None:
             )
         handler.setLevel(spec["level"])
         built.append(handler)
+    fallback: logging.Handler | None = None
     if not built:
         fallback = logging.StreamHandler(sys.stderr)
         fallback.setFormatter(logging.Formatter(_SIDECAR_FORMAT))
-        built.append(fallback)
+        if not plan.get("relay"):
+            built.append(fallback)
+            fallback = None
     for handler in built:
         log.addHandler(handler)
     log.propagate = False
     log.setLevel(plan["level"])
     log.disabled = bool(plan["disabled"])
+    return fallback
 
 
 class SidecarLink:
@@ -248,6 +261,8 @@ class SidecarLink:
         stop_grace: float,
         witness: bool = False,
         job: _jobnotice.JobScope | None = None,
+        diagnoser: dict[str, Any] | None = None,
+        rss_sample_interval: float | None = None,
     ) -> None:
         ours, theirs = socket.socketpair()
         peek = _stopsignals.peek_fd()
@@ -284,6 +299,8 @@ class SidecarLink:
             witness=witness,
             job=job.to_dict() if job is not None else None,
             error_file=os.environ.get(TORCHELASTIC_ERROR_FILE),
+            diagnoser=diagnoser,
+            rss_sample_interval=rss_sample_interval,
         )
         self._expect("ready")
         if self._relay_to:
@@ -406,7 +423,7 @@ class SidecarLink:
                 with contextlib.suppress(Exception):
                     handler.flush()
             with contextlib.suppress(OSError):
-                self._sock.sendall(_line(op="logged"))
+                self._sock.sendall(_line(op="logged", n=msg.get("n")))
             return True
         return False
 
@@ -473,16 +490,43 @@ class SidecarLink:
 # ---------------------------------------------------------------------- sidecar process
 class _RelayHandler(logging.Handler):
     """In the sidecar: send each record to the owner, for its handlers the sidecar cannot
-    write through itself."""
+    write through itself.
 
-    def __init__(self, sock: socket.socket) -> None:
+    With ``fallback`` (the owner has no handler the sidecar writes through), each line is
+    also kept until the owner confirms it took it (``logged`` answers a ``flush`` that
+    counts the lines sent), and written to ``fallback`` (stderr) only if it never does (its
+    GIL held, or gone): a line printed by both would show twice on a QueueHandler's
+    console."""
+
+    def __init__(self, sock: socket.socket, fallback: logging.Handler | None) -> None:
         super().__init__()
         self.sock = sock
+        self.fallback = fallback
+        self.sent = 0
+        self.unconfirmed: list[tuple[int, logging.LogRecord]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = _line(op="log", level=record.levelno, msg=record.getMessage(), created=record.created)
+        self.sent += 1
+        if self.fallback is not None:
+            self.unconfirmed.append((self.sent, record))
+            msg += _line(op="flush", n=self.sent)
         with contextlib.suppress(OSError):
             self.sock.sendall(msg)
+
+    def confirmed(self, n: object) -> None:
+        """The owner handed the first ``n`` lines to its handlers."""
+        if isinstance(n, int):
+            self.unconfirmed = [(i, r) for i, r in self.unconfirmed if i > n]
+
+    def write_unconfirmed(self) -> None:
+        """The owner will not take them: write them to ``fallback`` (stderr)."""
+        pending, self.unconfirmed = self.unconfirmed, []
+        if self.fallback is not None:
+            for _, record in pending:
+                if record.levelno >= self.fallback.level:
+                    self.fallback.handle(record)
+            self.fallback.flush()
 
 
 # How long the sidecar waits for the owner to hand its lines to the handlers it could not
@@ -522,6 +566,7 @@ class _Sidecar:
         self.job: _jobnotice.JobScope | None = None
         self.notice: _jobnotice.JobFailure | None = None  # another rank's, to act on
         self.owner_stat: ProcStat | None = None
+        self.relay: _RelayHandler | None = None
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -585,6 +630,8 @@ class _Sidecar:
             self.disarmed = True
         elif op == "logged":
             self.owner_logged = True
+            if self.relay is not None:
+                self.relay.confirmed(msg.get("n"))
         elif op == "exiting":
             self.owner_exiting = True  # its exit code is still ours to tell
         elif op == "stop":
@@ -711,7 +758,7 @@ class _Sidecar:
         diagnosis = self.diagnoser.diagnose(
             subject, name=record.name, pid=record.pid, start_time=record.start_time
         )
-        return early_exit_wording(diagnosis, record)
+        return early_exit_wording(diagnosis, record, self.diagnoser)
 
     def fire(self, record: Watched, status: ExitStatus, excused: Decision | None) -> None:
         if self.fired:
@@ -736,16 +783,20 @@ class _Sidecar:
                 action(event)
             except Exception:
                 logger.exception("action %r failed", action)
-        logger.error(
-            "stopping the owner (pid %d) so the launcher tears the job down",
-            config["owner_pid"],
+        emit(
+            logger,
+            logging.ERROR,
+            f"stopping the owner (pid {config['owner_pid']}) so the launcher tears the job down",
         )
         flush_logging(logger)
-        if (self.config.get("logging") or {}).get("relay"):
+        if self.relay is not None:
             # The owner writes these lines to its other handlers if it still can.
+            self.owner_logged = False
             with contextlib.suppress(OSError):
-                self.sock.sendall(_line(op="flush"))
-            self.pump(lambda: self.owner_logged, _OWNER_LOGGED_WAIT_S)
+                self.sock.sendall(_line(op="flush", n=self.relay.sent))
+            self.pump(lambda: self.owner_logged and not self.relay_pending(),
+                      _OWNER_LOGGED_WAIT_S)
+            self.relay.write_unconfirmed()
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
@@ -861,17 +912,27 @@ class _Sidecar:
         if job is not None and job.rank is not None:
             return f"rank {job.rank}"
         return "the owner"
+    def relay_pending(self) -> bool:
+        return self.relay is not None and bool(self.relay.unconfirmed)
 
     # ---- main loop
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.relay is not None:
+                self.relay.write_unconfirmed()  # the owner is gone or let us go
+
+    def _run(self) -> int:
         while not self.config:
             msgs = self.read_messages()
             if msgs is None:
                 return 0
             self.config = msgs[0]
-        apply_logging_plan(self.config.get("logging"))
+        fallback = apply_logging_plan(self.config.get("logging"))
         if (self.config.get("logging") or {}).get("relay"):
-            logging.getLogger("healthkit").addHandler(_RelayHandler(self.sock))
+            self.relay = _RelayHandler(self.sock, fallback)
+            logging.getLogger("healthkit").addHandler(self.relay)
         try:
             self.owner = ProcessWatch(self.config["owner_pid"], name="owner")
         except NoSuchProcessError:
@@ -879,7 +940,13 @@ class _Sidecar:
         self.owner_stat = read_proc_stat(self.owner.pid)
         self.handlers = _stopsignals.HandlerWatch(self.owner.pid)
         self.handlers.learn()  # the owner waits in arm() for "ready": no handler is running
-        self.diagnoser = ExitDiagnoser()
+        # The owner's diagnoser, built again here: its cgroup, kernel log, record
+        # directory and the OOM counter's baseline ("during this run" is the owner's run).
+        settings = self.config.get("diagnoser")
+        self.diagnoser = (
+            ExitDiagnoser._from_settings(settings) if settings else ExitDiagnoser()
+        )
+        interval: float | None = self.config.get("rss_sample_interval")
         self.judge = Judge(
             name=self.config["name"] + " (sidecar)",
             log=logger,
@@ -905,6 +972,7 @@ class _Sidecar:
                 _jobnotice.start(self.job)
                 _jobnotice.subscribe(self.follow)
         self.sock.sendall(_line(op="ready"))
+        next_sample = time.monotonic() + interval if interval else None
         with self.waits:
             while True:
                 while self.seen and not self.done:
@@ -917,8 +985,16 @@ class _Sidecar:
                     _jobnotice.flush(_NOTICE_FLUSH_S)  # this process outlives the owner
                     return 0
                 due = Judge.next_due(list(self.records.values()))
-                timeout = max(0.0, due - time.monotonic()) if due is not None else None
+                soonest = min((t for t in (due, next_sample) if t is not None), default=None)
+                timeout = max(0.0, soonest - time.monotonic()) if soonest is not None else None
                 self.note_deaths(self.waits.wait(timeout))
+                if next_sample is not None and time.monotonic() >= next_sample:
+                    # Peak RSS while alive, as the owner's thread samples it: the line of
+                    # a helper that died of memory then says how much it held.
+                    for record in self.records.values():
+                        if record.watch is not None and record.watch.status is None:
+                            record.watch.sample_rss()
+                    next_sample = time.monotonic() + (interval or 0.0)
                 if due is not None and time.monotonic() >= due and not self.done:
                     self.read_pending_messages()
                     self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())

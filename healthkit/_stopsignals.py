@@ -66,7 +66,12 @@ from typing import Final, Literal
 
 import attrs
 
-from healthkit._errors import InvalidArgumentTypeError, check_seconds, check_signal
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_seconds,
+    check_signal,
+)
 from healthkit._proc import read_pending_signals, read_threads
 
 __all__ = [
@@ -453,6 +458,14 @@ def note_stop(signum: int = signal.SIGTERM) -> None:
     """Record that this process is being stopped, for handlers healthkit cannot see (one
     written in C, or a signal delivered through a route that bypasses the wakeup fd)."""
     sig = check_signal(signum, "signum")
+    if sig not in STOP_SIGNALS:
+        # A stop episode defers the report of a dead helper: only a signal that asks this
+        # process to stop may open one (docs/security.md).
+        raise InvalidArgumentError(
+            f"signum must be a stop signal (SIGTERM, SIGINT or SIGHUP), got {sig.name}: "
+            "note_stop() opens a stop episode, which defers the report of a dead helper",
+            "signum",
+        )
     listener = _here()
     if listener is None:
         if not install():

@@ -51,11 +51,12 @@ from healthkit._errors import (
     check_callable,
     check_int,
     check_pid,
+    check_signal,
     check_str,
     check_timeout,
     path_arg,
 )
-from healthkit._proc import may_read_exit_code, read_peak_rss, read_proc_stat
+from healthkit._proc import may_read_exit_code, pidfd_identity, read_peak_rss, read_proc_stat
 
 _log = logging.getLogger("healthkit")
 
@@ -210,6 +211,7 @@ class ProcessWatch:
         self._process: BaseProcess | None = None
         self._popen: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None
         self._start_time: int | None = None
+        self._identity: int | None = None
         self._exit_code_readable = True
         self._peak_rss: int | None = None
         self.is_child = True
@@ -239,6 +241,13 @@ class ProcessWatch:
             raise InvalidArgumentTypeError(
                 "target must be a multiprocessing.Process, a subprocess.Popen or a pid, "
                 f"got {target!r} ({type(target).__name__})",
+                "target",
+            )
+        if pid == os.getpid():
+            raise InvalidArgumentError(
+                f"target: pid {pid} is this process; a process cannot see its own death, so this "
+                "watch could never report anything. Watch the helper processes it depends "
+                "on (or watch this process from another one, e.g. mode='sidecar')",
                 "target",
             )
         self.pid: int = pid
@@ -315,6 +324,8 @@ class ProcessWatch:
             pass  # it exists; we may just not signal it
         self._start_time = stat.start_time if stat is not None else None
         self.pgrp = stat.pgrp if stat is not None else None
+        # Finer than the start time where the kernel has it: see pidfd_identity.
+        self._identity = pidfd_identity(self._pidfd) if stat is not None else None
         return True
 
     # ------------------------------------------------------------------ public API
@@ -412,7 +423,9 @@ class ProcessWatch:
         return self.poll() is None
 
     def send_signal(self, sig: int) -> None:
-        """Signal the process through its pidfd, so a recycled pid is never hit."""
+        """Signal the process through its pidfd, so a recycled pid is never hit. ``sig`` is
+        a signal of this platform (``signal.SIGTERM`` or its int; not its name)."""
+        sig = check_signal(sig, "sig")
         self._check_open()
         if self._status is not None:
             return
@@ -690,6 +703,12 @@ class WatchSet:
 
     def remove(self, watch: ProcessWatch) -> None:
         """Stop waiting on ``watch`` (no error if it is not in the set)."""
+        if not isinstance(watch, ProcessWatch):
+            raise InvalidArgumentTypeError(
+                f"watch must be a ProcessWatch (remove_fd() takes a plain fd), got {watch!r} "
+                f"({type(watch).__name__})",
+                "watch",
+            )
         with self._lock:
             if self._closed:
                 return

@@ -238,6 +238,13 @@ class DisarmableWatchdog:
                 f"diagnoser must be a healthkit.ExitDiagnoser or None, got {diagnoser!r}",
                 "diagnoser",
             )
+        if mode == "sidecar" and diagnoser is not None and type(diagnoser) is not ExitDiagnoser:
+            raise InvalidArgumentError(
+                "mode='sidecar' builds the diagnoser again in the sidecar process from its "
+                f"settings, so the code of a subclass ({type(diagnoser).__name__}) cannot run "
+                "there: pass a healthkit.ExitDiagnoser, or use mode='thread'",
+                "diagnoser",
+            )
         self.name = name
         self.mode = mode
         self._job_notice = _jobnotice.notice_wanted(job_notice) if job_notice is not None else None
@@ -264,6 +271,9 @@ class DisarmableWatchdog:
         self._lock = threading.RLock()
         self._judging = threading.RLock()  # one judgement at a time: watcher or exit hook
         self._records: dict[int, Watched] = {}  # id(watch) -> record, in insertion order
+        # pid -> its latest record: watch() finds a duplicate in O(1), so setting up N
+        # watches costs O(N), not O(N^2) (benchmarks/bench_setup.py).
+        self._by_pid: dict[int, Watched] = {}
         self._armed = False
         self._inert = False
         self._fired: Diagnosis | None = None
@@ -361,13 +371,14 @@ class DisarmableWatchdog:
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         with self._lock:
             pid = target.pid if not isinstance(target, int) else target
-            for known in self._records.values():
-                if known.pid == pid and known.watch is not None and known.watch.status is None:
-                    return known.watch
+            known = self._by_pid.get(pid) if pid is not None else None
+            if known is not None and known.watch is not None and known.watch.status is None:
+                return known.watch
             owned = not isinstance(target, ProcessWatch)
             watch = target if isinstance(target, ProcessWatch) else ProcessWatch(target, name=name)
             record = Watched.of(watch, rule, owned=owned)
             self._records[id(watch)] = record
+            self._by_pid[record.pid] = record
             if self._armed and not self._inert:
                 if self._sidecar is not None:
                     self._sidecar.watch(record)
@@ -426,6 +437,8 @@ class DisarmableWatchdog:
                     kill_after=self.kill_after,
                     stop_grace=self.stop_grace,
                     job=self._job,
+                    diagnoser=self._diagnoser._settings(),
+                    rss_sample_interval=self.rss_sample_interval,
                 )
                 self._sidecar = link
                 for record in self._records.values():
@@ -519,6 +532,10 @@ class DisarmableWatchdog:
         arming again afterwards watches only what is added after.
         """
         timeout = check_timeout(timeout, "timeout")
+        if not isinstance(reason, str):
+            raise InvalidArgumentTypeError(
+                f"reason must be a str (it is logged), got {reason!r}", "reason"
+            )
         with self._lock:
             if self._inert:
                 return
@@ -556,6 +573,7 @@ class DisarmableWatchdog:
             if r.owned and r.watch is not None:
                 r.watch.close()
         self._records = {k: r for k, r in self._records.items() if not r.owned}
+        self._by_pid = {r.pid: r for r in self._records.values()}
         for r in self._records.values():  # a new arm() judges what it sees afresh
             r.settled, r.deferred = False, None
         if self._sidecar_watch is not None:
@@ -763,8 +781,8 @@ class DisarmableWatchdog:
             watch = record.watch
             assert diagnoser is not None and watch is not None
 
-            def wording(d: Diagnosis) -> Diagnosis:
-                d = early_exit_wording(d, record)
+            def wording(d: Diagnosis, full: bool = False) -> Diagnosis:
+                d = early_exit_wording(d, record, diagnoser if full else None)
                 return survived_stop_wording(d, excused) if excused is not None else d
 
             # Act first, explain right after: the actions start on the brief diagnosis (no
@@ -773,7 +791,7 @@ class DisarmableWatchdog:
             self._fired = brief
 
         def explain() -> Diagnosis:
-            full = wording(diagnoser.diagnose(watch))
+            full = wording(diagnoser.diagnose(watch), full=True)
             self._fired = full
             return full
 

@@ -4,7 +4,8 @@ Stable, but not what most code needs: the firing rule, stop-signal notes, the jo
 failure notice for failures that are not watched deaths, prctl helpers,
 stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
 use them too, so their errors are the core's), environment-variable readers, ``/proc``
-readers, and the log flush to call before ``os._exit``.
+readers, the memory cgroup an ``ExitDiagnoser`` reads its OOM counter from
+(``MemoryCgroup``, ``find_memory_cgroup``), and the log flush to call before ``os._exit``.
 """
 
 from healthkit._actions import flush_logging
@@ -22,6 +23,7 @@ from healthkit._errors import (
     check_timeout,
     renamed_argument,
 )
+from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._jobnotice import publish_job_failure
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
@@ -33,6 +35,7 @@ __all__ = [
     "ENV_SECONDS_MIN",
     "EnvValueWarning",
     "MAX_TIMEOUT_S",
+    "MemoryCgroup",
     "OnCleanExit",
     "ProcStat",
     "STOP_SIGNALS",
@@ -54,6 +57,7 @@ __all__ = [
     "dump_stacks",
     "enable_stack_dumps",
     "env_seconds",
+    "find_memory_cgroup",
     "flush_logging",
     "note_stop",
     "publish_job_failure",

@@ -200,6 +200,24 @@ EOF
     ) || return 1
   done
 
+  # On a Python without PyPI's stack (graphlearn-torch 0.2.4 has cp311 wheels only) the extra
+  # asks for nothing, instead of pip's bare "No matching distribution"; the import then says
+  # which Python the extra needs (tests/core/test_glt_install_route.py checks the message).
+  local py312
+  if py312=$(find_python 3.12); then
+    "$py312" -m venv "$work/py312"
+    "$work/py312/bin/python" "${pipq[@]}" --find-links "$OUT" --dry-run \
+      --report "$work/report312.json" "$core" "$glt[torch23]"
+    "$work/py312/bin/python" - "$work/report312.json" <<'EOF' || return 1
+import json, sys
+names = sorted(i["metadata"]["name"].lower() for i in json.load(open(sys.argv[1]))["install"])
+assert "graphlearn-torch" not in names and "torch" not in names, names
+print(f"  [torch23] on Python 3.12 asks for no stack; it would install {names}")
+EOF
+  else
+    echo "stacks: Python 3.12: SKIPPED, not found (the [torch23] extra elsewhere than 3.11)"
+  fi
+
   local tested=0
   for venv in .venv-glt .venv-glt28; do
     if [[ ! -x $venv/bin/python ]]; then

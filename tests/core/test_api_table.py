@@ -215,6 +215,39 @@ NAN = math.nan
 BAD_CTX = "fork"  # the review's case: a start-method name where a context is expected
 
 
+def _barrier_wait(**kwargs: Any) -> None:
+    barrier = BoundedBarrier(1, timeout=5)
+    try:
+        barrier.wait([], **kwargs)
+    finally:
+        barrier.close()
+
+
+def _watch_of(e: Env, call: Any) -> None:
+    with ProcessWatch(e.child) as w:
+        call(w)
+
+
+def _with_env(value: str, call: Any) -> Any:
+    old = os.environ.get("HEALTHKIT_TEST_X")
+    os.environ["HEALTHKIT_TEST_X"] = value
+    try:
+        return call()
+    finally:
+        if old is None:
+            del os.environ["HEALTHKIT_TEST_X"]
+        else:
+            os.environ["HEALTHKIT_TEST_X"] = old
+
+
+def _diagnose(**kwargs: Any) -> None:
+    diagnoser = healthkit.ExitDiagnoser(kmsg_path=None)
+    try:
+        diagnoser.diagnose(9, **kwargs)
+    finally:
+        diagnoser.close()
+
+
 def _status() -> healthkit.ExitStatus:
     return healthkit.ExitStatus(returncode=-15, source="test")
 
@@ -223,6 +256,7 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     "healthkit.BoundedBarrier": {
         "parties": [
             Case(lambda e: BoundedBarrier(-1, timeout=5)),
+            Case(lambda e: BoundedBarrier(0, timeout=5), label="none"),
             Case(lambda e: BoundedBarrier("2", timeout=5), T),
         ],
         "timeout": [
@@ -235,15 +269,31 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "worker_label": Case(lambda e: BoundedBarrier(1, timeout=5, worker_label=None), T),
         "abort_grace": Case(lambda e: BoundedBarrier(1, timeout=5, abort_grace=-1)),
     },
+    "healthkit.BoundedBarrier.wait": {
+        "on_failure": Case(lambda e: _barrier_wait(on_failure=5), T),
+        "diagnoser": Case(lambda e: _barrier_wait(diagnoser="x"), T),
+    },
     "healthkit.DisarmableWatchdog": {
-        "watches": Case(lambda e: DisarmableWatchdog(["abc"]), T),
+        "watches": [
+            Case(lambda e: DisarmableWatchdog(["abc"]), T),
+            Case(lambda e: DisarmableWatchdog([os.getpid()]), named="target", label="itself"),
+        ],
         "actions": [
             Case(lambda e: DisarmableWatchdog(actions=[5]), T),
             Case(lambda e: DisarmableWatchdog(mode="sidecar", actions=[]), label="sidecar"),
         ],
         "mode": Case(lambda e: DisarmableWatchdog(mode="bogus")),
         "name": Case(lambda e: DisarmableWatchdog(name=5), T),
-        "diagnoser": Case(lambda e: DisarmableWatchdog(diagnoser="x"), T),
+        "diagnoser": [
+            Case(lambda e: DisarmableWatchdog(diagnoser="x"), T),
+            Case(
+                lambda e: DisarmableWatchdog(
+                    mode="sidecar",
+                    diagnoser=type("Mine", (healthkit.ExitDiagnoser,), {})(kmsg_path=None),
+                ),
+                label="sidecar-subclass",
+            ),
+        ],
         "on_clean_exit": Case(lambda e: DisarmableWatchdog(on_clean_exit="bogus")),
         "exit_code": [
             Case(lambda e: DisarmableWatchdog(exit_code=256)),
@@ -255,20 +305,32 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "kill_grace": Case(lambda e: DisarmableWatchdog(kill_grace=-1)),
         "job_notice": Case(lambda e: DisarmableWatchdog(job_notice="on"), T),  # type: ignore[arg-type]
     },
+    "healthkit.DisarmableWatchdog.disarm": {
+        "reason": Case(lambda e: DisarmableWatchdog().disarm(reason=5), T),  # type: ignore[arg-type]
+    },
     "healthkit.ExitDiagnoser": {
         "proc_root": Case(lambda e: healthkit.ExitDiagnoser(proc_root=5), T),
         "cgroup_root": Case(lambda e: healthkit.ExitDiagnoser(cgroup_root=None), T),
-        "kmsg_path": Case(lambda e: healthkit.ExitDiagnoser(kmsg_path=5), T),
+        "kmsg_path": [
+            Case(lambda e: healthkit.ExitDiagnoser(kmsg_path=5), T),
+            Case(lambda e: healthkit.ExitDiagnoser(kmsg_path="/nonexistent"), label="missing"),
+        ],
         "shm_path": Case(lambda e: healthkit.ExitDiagnoser(shm_path=""), T),
         "cgroup": Case(lambda e: healthkit.ExitDiagnoser(cgroup="/sys/fs/cgroup"), T),
         "history": Case(lambda e: healthkit.ExitDiagnoser(history="yes"), T),
         "records": Case(lambda e: healthkit.ExitDiagnoser(records=5), T),
         "local_evidence": Case(lambda e: healthkit.ExitDiagnoser(local_evidence=0), T),
     },
+    "healthkit.ExitDiagnoser.diagnose": {
+        "name": Case(lambda e: _diagnose(name=5), T),
+        "pid": Case(lambda e: _diagnose(pid="1"), T),
+        "start_time": Case(lambda e: _diagnose(pid=1, start_time=-1)),
+    },
     "healthkit.ProcessWatch": {
         "target": [
             Case(lambda e: ProcessWatch("abc"), T),
             Case(lambda e: ProcessWatch(2**40), healthkit.NoSuchProcessError, "pid"),
+            Case(lambda e: ProcessWatch(os.getpid()), label="itself"),
         ],
         "name": Case(lambda e: ProcessWatch(e.child.pid, name=5), T),
         "proc_root": Case(lambda e: ProcessWatch(e.child.pid, proc_root=None), T),
@@ -277,7 +339,17 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     "healthkit.WatchSet": {
         "watches": [Case(lambda e: WatchSet(5), T), Case(lambda e: WatchSet([e.child.pid]), T)],
     },
+    "healthkit.ProcessWatch.send_signal": {
+        "sig": [
+            Case(lambda e: _watch_of(e, lambda w: w.send_signal(999)), label="999"),
+            Case(lambda e: _watch_of(e, lambda w: w.send_signal(-1)), label="-1"),
+            Case(lambda e: _watch_of(e, lambda w: w.send_signal("SIGTERM")), T, label="name"),
+        ],
+    },
     "healthkit.WatchSet.add": {"watch": Case(lambda e: _in_watch_set(lambda ws: ws.add("x")), T)},
+    "healthkit.WatchSet.remove": {
+        "watch": Case(lambda e: _in_watch_set(lambda ws: ws.remove("x")), T)
+    },
     "healthkit.dump_helper_stacks": {
         "pids": [
             Case(lambda e: healthkit.dump_helper_stacks(5), T),
@@ -359,6 +431,22 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "pid": Case(lambda e: lowlevel.descendants(-1), healthkit.NoSuchProcessError),
         "proc_root": Case(lambda e: lowlevel.descendants(1, proc_root=b"/proc"), T),
     },
+    "healthkit.lowlevel.MemoryCgroup": {
+        "version": [
+            Case(lambda e: lowlevel.MemoryCgroup(3, "/sys/fs/cgroup")),
+            Case(lambda e: lowlevel.MemoryCgroup("2", "/sys/fs/cgroup"), T),
+        ],
+        "path": Case(lambda e: lowlevel.MemoryCgroup(2, 5), T),  # type: ignore[arg-type]
+        "root": Case(lambda e: lowlevel.MemoryCgroup(2, "/x", None), T),  # type: ignore[arg-type]
+    },
+    "healthkit.lowlevel.find_memory_cgroup": {
+        "pid": [
+            Case(lambda e: lowlevel.find_memory_cgroup("1"), T),
+            Case(lambda e: lowlevel.find_memory_cgroup(-1), healthkit.NoSuchProcessError),
+        ],
+        "proc_root": Case(lambda e: lowlevel.find_memory_cgroup(proc_root=5), T),  # type: ignore[arg-type]
+        "cgroup_root": Case(lambda e: lowlevel.find_memory_cgroup(cgroup_root=""), T),
+    },
     "healthkit.lowlevel.read_proc_stat": {
         "pid": Case(lambda e: lowlevel.read_proc_stat(1.0), T),
         "proc_root": Case(lambda e: lowlevel.read_proc_stat(1, proc_root=None), T),
@@ -399,7 +487,15 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "directory": Case(lambda e: lowlevel.enable_stack_dumps(5), T),
         "signum": Case(lambda e: lowlevel.enable_stack_dumps(str(e.tmp), signum=signal.SIGKILL)),
     },
-    "healthkit.lowlevel.note_stop": {"signum": Case(lambda e: lowlevel.note_stop(99999))},
+    "healthkit.lowlevel.note_stop": {
+        "signum": [
+            Case(lambda e: lowlevel.note_stop(99999), label="99999"),
+            *(
+                Case(lambda e, s=s: lowlevel.note_stop(s), label=s.name)
+                for s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGUSR1)
+            ),
+        ],
+    },
     "healthkit.lowlevel.set_thread_name": {"name": Case(lambda e: lowlevel.set_thread_name(5), T)},
     "healthkit.lowlevel.stop_like": {"status": Case(lambda e: lowlevel.stop_like(-15), T)},
     "healthkit.lowlevel.check_bool": {
@@ -443,7 +539,19 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
             lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 0),
             named="default of $HEALTHKIT_TEST_X",
         ),
-        "strict": Case(lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, strict="yes"), T),
+        "strict": [
+            Case(lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, strict="yes"), T),
+            *(
+                Case(
+                    lambda e, v=v: _with_env(
+                        v, lambda: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, strict=True)
+                    ),
+                    named="HEALTHKIT_TEST_X",
+                    label=repr(v),
+                )
+                for v in (" 5", "", "5 ")
+            ),
+        ],
         "multiplier": Case(lambda e: lowlevel.env_seconds("HEALTHKIT_TEST_X", 5, multiplier=0)),
     },
     "healthkit.lowlevel.read_env_seconds": {

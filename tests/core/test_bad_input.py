@@ -198,7 +198,7 @@ def test_garbage_env_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "seconds"), [("30", 30.0), ("2.5", 2.5), (".5", 0.5), ("7.", 7.0), (" 9 ", 9.0),
+    ("raw", "seconds"), [("30", 30.0), ("2.5", 2.5), (".5", 0.5), ("7.", 7.0),
                          ("0.001", 0.001), ("2147483", 2147483.0)]
 )  # fmt: skip
 def test_plain_decimal_env_values_are_read(
@@ -209,6 +209,21 @@ def test_plain_decimal_env_values_are_read(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert healthkit.lowlevel.read_env_seconds(ENV, 7, strict=True) == (seconds, True)
+
+
+@pytest.mark.parametrize("raw", [" 9", "9 ", " 9 ", "", " "])
+def test_strict_takes_a_value_exactly_as_written(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strict: an empty value (a script lost what it meant to set) and spaces are refused,
+    naming the variable; lenient: spaces are trimmed, and an empty value is unset, silently."""
+    monkeypatch.setenv(ENV, raw)
+    err = _raises(
+        lambda: healthkit.lowlevel.env_seconds(ENV, 7, strict=True), InvalidArgumentError, ENV
+    )
+    assert ("empty" if raw == "" else "padded with spaces") in str(err)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expected = (9.0, True) if raw.strip() else (7.0, False)
+        assert healthkit.lowlevel.read_env_seconds(ENV, 7) == expected
 
 
 def test_env_value_too_long_once_multiplied(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -463,3 +478,27 @@ def test_doctor_reads_a_bounded_amount_of_a_bogus_kernel_log() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "/dev/zero holds no kernel log records" in proc.stdout
     assert time.monotonic() - start < 50  # it used to loop forever
+
+
+@pytest.mark.timeout(30)
+def test_the_valid_neighbours_of_refused_input_still_work(
+    child: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """Each refusal has its twin that is accepted: a signal by its number, a watch of
+    another process (the parent), a str reason, a kernel log file that exists."""
+    with ProcessWatch(os.getppid()) as parent:
+        assert parent.poll() is None
+    with ProcessWatch(child) as w:
+        w.send_signal(signal.SIGTERM)
+        status = w.wait(10)
+    assert status is not None and status.signal is signal.SIGTERM
+    wd = healthkit.DisarmableWatchdog()
+    wd.disarm(reason="done")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    healthkit.ExitDiagnoser(kmsg_path=str(kmsg)).close()
+    d = healthkit.ExitDiagnoser(kmsg_path=None)
+    assert d.diagnose(9, name="loader").name == "loader"
+    d.close()
+    with healthkit.WatchSet() as ws, ProcessWatch(os.getppid()) as other:
+        ws.remove(other)  # not in the set: no error

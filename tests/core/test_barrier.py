@@ -89,10 +89,11 @@ def test_all_parties_arrive_and_pass(method: str) -> None:
     finish(bb, procs)
 
 
-def test_a_barrier_of_the_parent_alone_passes() -> None:
-    bb = hk.BoundedBarrier(0, timeout=5)
-    bb.wait([])
-    bb.close()
+def test_a_barrier_of_the_parent_alone_is_refused_and_one_worker_is_the_least() -> None:
+    with pytest.raises(hk.InvalidArgumentError, match="nothing to wait for") as info:
+        hk.BoundedBarrier(0, timeout=5)
+    assert info.value.argument == "parties"
+    hk.BoundedBarrier(1, timeout=5).close()  # the twin: the smallest barrier there is
 
 
 @pytest.mark.parametrize(

@@ -180,3 +180,91 @@ def test_explain_rejects_what_is_not_an_exit_code() -> None:
     proc = run_cli("explain", "nine", timeout=60)
     assert proc.returncode == 2
     assert "invalid int value: 'nine'" in proc.stderr
+
+
+# --------------------------------------------------------------------------- stacks
+def test_stacks_of_a_pid_that_does_not_exist_says_so() -> None:
+    proc = run_cli("stacks", "4000000", timeout=60)
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == "=== pid 4000000: no such process", proc.stdout
+    assert "opted in" not in proc.stdout
+
+
+def test_stacks_with_a_missing_directory_is_an_error(tmp_path: Path) -> None:
+    proc = run_cli("stacks", "--dir", str(tmp_path / "nonexistent"), timeout=60)
+    assert proc.returncode == 2
+    assert f"--dir {tmp_path / 'nonexistent'}: no such directory" in proc.stderr
+    empty = run_cli("stacks", "--dir", str(tmp_path), timeout=60)  # the twin: it exists
+    assert empty.returncode == 1
+    assert "no running process has opted in to stack dumps in" in empty.stdout
+
+
+def test_stacks_below_pid_1_lists_what_opted_in_and_counts_the_rest(tmp_path: Path) -> None:
+    """`stacks 1` (torchrun's agent as a container's first process): the helpers that
+    opted in, and a count of the rest, not a line for every process on the machine."""
+    import time
+
+    ready = tmp_path / "ready"
+    code = (
+        "import healthkit, pathlib, sys, time\n"
+        "healthkit.lowlevel.enable_stack_dumps(sys.argv[1])\n"
+        "pathlib.Path(sys.argv[2]).write_text('x')\n"
+        "time.sleep(60)\n"
+    )
+    helper = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc = run_cli("stacks", "1", "--dir", str(tmp_path), "--timeout", "10", timeout=90)
+    finally:
+        helper.kill()
+        helper.wait()
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any(ln.startswith(f"=== pid {helper.pid} (python") for ln in lines), proc.stdout
+    assert "time.sleep" in proc.stdout or "<module>" in proc.stdout
+    quiet = [ln for ln in lines if ln.endswith("not opted in to stack dumps (healthkit."
+                                               "record_exception or healthkit.lowlevel."
+                                               "enable_stack_dumps)")]
+    assert len(quiet) <= 11, len(quiet)  # pid 1 itself, and at most 10 below it
+    assert re.search(r"^=== and \d+ more processes below 1 that did not opt in", proc.stdout,
+                     re.M), proc.stdout
+
+
+def test_doctor_exit_status_warnings_and_strict(fixture_tree: Path, tmp_path: Path) -> None:
+    """Warnings (no kernel log as non-root, ...) mean less evidence: exit 0 and a summary;
+    --strict makes them exit 1 for a pre-flight script that wants everything."""
+    v2 = fixture_tree / "cgroup-v2"
+    roots = {"proc_root": str(v2 / "proc"), "cgroup_root": str(v2 / "sys/fs/cgroup"),
+             "kmsg_path": str(tmp_path / "no-kmsg"), "shm_path": str(tmp_path)}
+    out = io.StringIO()
+    assert report(out, **roots) == 0
+    assert re.search(r"^\d+ warnings? \(.*kernel log.*\): the core works", out.getvalue(), re.M)
+    strict = io.StringIO()
+    assert report(strict, strict=True, **roots) == 1
+    assert "(exit 1: --strict)" in strict.getvalue()
+
+
+def test_doctor_says_when_an_installed_integration_cannot_import(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The GLT distribution installed without a GLT stack: doctor names the import error
+    instead of a bare version; an integration that imports is said to."""
+    from healthkit import _doctor
+
+    broken = tmp_path / "healthkit_glt"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "raise ImportError('healthkit_glt needs torch and graphlearn-torch')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(_doctor.importlib.metadata, "version", lambda dist: "0.1.0")
+    results = {c.topic: c for c in checks(kmsg_path="/nonexistent")}
+    glt = results["pipeline-healthkit-glt"]
+    assert glt.verdict == "warn"
+    assert glt.detail == (
+        "0.1.0 installed, but import healthkit_glt fails: ImportError: healthkit_glt needs "
+        "torch and graphlearn-torch"
+    )
+    assert _doctor._import_failure("healthkit") is None  # the twin: one that imports

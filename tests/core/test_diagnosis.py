@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,12 +28,21 @@ def hermetic(tmp_path: Path) -> ExitDiagnoser:
     return ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=None)
 
 
+def run_a_while() -> None:
+    """Let a process run past the clock tick it started in (and the kernel log's clock skew)
+    before it dies, as a real OOM victim does while it fills its memory: a kernel record
+    stamped within that tick may be an earlier process's with the same pid, and confirms
+    nothing."""
+    time.sleep(0.03)
+
+
 @contextlib.contextmanager
 def sigkilled(name: str = "sampler") -> Iterator[ProcessWatch]:
     """A real child, SIGKILLed (not by the OOM killer) and collected by its watch."""
     p = subprocess.Popen(["sleep", "600"])
     with ProcessWatch(p, name=name) as w:
         try:
+            run_a_while()
             w.kill()
             status = w.wait(30)
             assert status is not None and status.signal is signal.SIGKILL
@@ -298,9 +308,15 @@ def test_other_exits_never_use_up_an_oom_kill(fixture_tree: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_sigkill_without_any_evidence_says_what_was_missing(tmp_path: Path) -> None:
-    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(tmp_path / "no-kmsg"))
+    # A kernel log that cannot be opened: the path exists (a missing one is refused at the
+    # call) but is a socket, which open() refuses (ENXIO), even for root.
+    kmsg = tmp_path / "kmsg.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(kmsg))
+    diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(kmsg))
     with sigkilled() as w:
         d = diagnoser.diagnose(w)
+    diagnoser.close()
     assert d.cause is Cause.SIGKILL_UNCONFIRMED
     assert "kernel log not readable" in d.evidence
     assert "no memory cgroup counter readable" in d.evidence
@@ -339,6 +355,7 @@ def test_kernel_log_record_after_the_baseline_confirms_the_oom_kill(tmp_path: Pa
             # of an earlier process): it must not count.
             kmsg.write_text((KMSG / "before.txt").read_text().replace("4242", str(p.pid)))
             diagnoser = ExitDiagnoser(proc_root=str(tmp_path), kmsg_path=str(kmsg))
+            run_a_while()
             w.kill()
             w.wait(30)
             assert diagnoser.diagnose(w).cause is Cause.SIGKILL_UNCONFIRMED
@@ -416,6 +433,7 @@ def test_an_oom_record_naming_another_command_is_not_this_process(tmp_path: Path
     p = subprocess.Popen(["sleep", "600"])  # comm "sleep"; the fixture names "python3"
     try:
         with ProcessWatch(p, name="sampler") as w:
+            run_a_while()
             w.kill()
             w.wait(30)  # a zombie until p.wait(): /proc/<pid>/stat names it
             _append(kmsg, "after-oom-kill-4242.txt", p.pid)
@@ -446,6 +464,7 @@ def test_the_kernel_report_of_a_real_v1_oom_kill_gives_whose_memory_it_was(
     p = subprocess.Popen(["sleep", "600"])
     try:
         with ProcessWatch(p, name="sampler") as w:
+            run_a_while()
             w.kill()
             w.wait(30)
             _append(kmsg, "oom-kill-cgroup-v1-full.txt", p.pid)

@@ -67,3 +67,18 @@ def test_doc_example_runs(where: str, code: str, prints: list[str], tmp_path: Pa
             f"{where} does not print what its docs show:\n{line}\n--- it printed:\n"
             f"{proc.stdout}{proc.stderr}"
         )
+
+
+ALL_DOCS = sorted({*CORE_DOCS, "docs/glt.md", "docs/graphlearn.md"})
+
+
+@pytest.mark.parametrize("where", ALL_DOCS)
+def test_quoted_diagnoses_read_as_the_code_writes_them(where: str) -> None:
+    """Output quoted in the docs that the code no longer writes: the evidence line
+    "cgroup memory peak" (gone: a lifetime peak with page cache read as the helper's), and
+    an exit code 1 line without the advice to wrap the entry point in record_exception."""
+    text = (ROOT / where).read_text()
+    assert "cgroup memory peak" not in text
+    for line in text.splitlines():
+        if "many programs' own error paths. Read that process's own log" in line:
+            assert "or wrap its entry point in healthkit.record_exception" in line, line

@@ -48,8 +48,10 @@ def plain_helper(n: int) -> None:
 def exits(how: str) -> None:
     if how == "clean":
         return
-    if how == "sys.exit(3)":
-        sys.exit(3)
+    if how == "sys.exit(0)":
+        sys.exit(0)
+    if how == "sys.exit()":
+        sys.exit()
     raise KeyboardInterrupt
 
 
@@ -110,14 +112,135 @@ def test_a_helpers_exception_is_its_diagnosis(records: Path, method: str, wrappe
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["clean", "sys.exit(3)", "KeyboardInterrupt"])
+@pytest.mark.parametrize("how", ["clean", "sys.exit(0)", "sys.exit()", "KeyboardInterrupt"])
 def test_stops_and_clean_exits_write_no_record(records: Path, how: str) -> None:
     d = _run(hk.record_exception(exits), (how,), "fork")
     assert d.exception is None
     assert not list(records.glob("exception-*"))
-    assert d.cause is (hk.Cause.CLEAN_EXIT if how == "clean" else hk.Cause.ERROR_EXIT)
-    if how == "sys.exit(3)":
-        assert "exited with code 3: the process reported an error" in str(d)
+    assert d.cause is (
+        hk.Cause.ERROR_EXIT if how == "KeyboardInterrupt" else hk.Cause.CLEAN_EXIT
+    )
+
+
+def exits_with(code: object) -> None:
+    sys.exit(code)
+
+
+def thread_fails_then_returns() -> None:
+    def load() -> None:
+        load_shard(7)
+
+    t = threading.Thread(target=load, name="shard-thread")
+    t.start()
+    t.join()
+
+
+def atexit_fails() -> None:
+    import atexit
+
+    atexit.register(load_shard, 7)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("method", "ending"),
+    [("fork", "sys.exit(3)"), ("spawn", "sys.exit(3)"), ("fork", "sys.exit(msg)"),
+     ("spawn", "sys.exit(msg)"), ("fork", "thread"), ("spawn", "thread"), ("spawn", "atexit")],
+)
+def test_every_ending_of_a_wrapped_helper_carries_its_cause(
+    records: Path, tmp_path: Path, method: str, ending: str
+) -> None:
+    """The watchdog's line and torchrun's root cause name how a wrapped helper ended, not
+    only its exit code; and the advice to wrap it, which it is, is not given."""
+    target, args, code = {
+        "sys.exit(3)": (exits_with, (3,), 3),
+        "sys.exit(msg)": (exits_with, ("fatal: bad shard 7",), 1),
+        "thread": (thread_fails_then_returns, (), 0),
+        # Fork children of multiprocessing leave by os._exit: atexit callbacks run only in
+        # spawn (and forkserver) children and in subprocesses.
+        "atexit": (atexit_fails, (), 0),
+    }[ending]
+    error_file = tmp_path / "error.json"
+    seen: list[FailureEvent] = []
+    done = threading.Event()
+
+    def keep(event: FailureEvent) -> None:
+        seen.append(event)
+        done.set()
+
+    p = mp.get_context(method).Process(
+        target=hk.record_exception(target), args=args, name="loader"
+    )
+    with hk.DisarmableWatchdog(
+        actions=[write_torchelastic_error_file(str(error_file)), keep]
+    ) as wd:
+        p.start()
+        wd.watch(p)
+        assert done.wait(60)
+    p.join(30)
+    assert p.exitcode == code
+    pid = p.pid
+    p.close()
+    d = seen[0].diagnosis
+    line = str(d)
+    assert "wrap its entry point" not in line
+    assert d.exception is not None, line
+    callstack = json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
+    if ending == "sys.exit(3)":
+        assert d.cause is hk.Cause.ERROR_EXIT
+        assert line.startswith(
+            f"loader (pid {pid}) exited with code 3: it called sys.exit(3) at "
+            "test_records.py:"
+        ), line
+        assert "Fix what it reported when it called sys.exit" in line
+        assert callstack.endswith("  SystemExit: 3\n"), callstack
+    elif ending == "sys.exit(msg)":
+        assert line.startswith(
+            f"loader (pid {pid}) exited with code 1: it called "
+            "sys.exit('fatal: bad shard 7') at test_records.py:"
+        ), line
+        assert callstack.endswith("  SystemExit: fatal: bad shard 7\n"), callstack
+    else:
+        where = "thread shard-thread" if ending == "thread" else "atexit callback load_shard"
+        assert d.cause is hk.Cause.EARLY_EXIT
+        assert d.exception.context == where
+        assert line.startswith(
+            f"loader (pid {pid}) exited with code 0 while it was expected to run until "
+            f"disarmed: it raised ValueError: bad shard 7 in {where} at test_records.py:36 in "
+            "load_shard, then returned;"
+        ), line
+        assert f"its exception (in {where}), last frames" in callstack, callstack
+        assert callstack.endswith("  ValueError: bad shard 7\n"), callstack
+    assert callstack.startswith(f"healthkit watchdog: {line}"), callstack
+
+
+def returns_after_its_thread_did_its_work() -> None:
+    t = threading.Thread(target=lambda: None, name="worker-thread")
+    t.start()
+    t.join()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_wrapped_helper_that_returns_normally_is_a_clean_exit(
+    records: Path, method: str
+) -> None:
+    d = _run(hk.record_exception(returns_after_its_thread_did_its_work), (), method)
+    assert d.cause is hk.Cause.CLEAN_EXIT and d.exception is None
+    assert not list(records.glob("exception-*"))
+
+
+def raises_after_its_thread_failed() -> None:
+    thread_fails_then_returns()
+    raise KeyError("entry point")
+
+
+@pytest.mark.timeout(60)
+def test_the_entry_points_exception_replaces_a_threads(records: Path) -> None:
+    d = _run(hk.record_exception(raises_after_its_thread_failed), (), "fork")
+    assert d.exception is not None
+    assert (d.exception.summary, d.exception.context) == ("KeyError: 'entry point'", "")
+    assert "it raised KeyError" in str(d)
 
 
 @pytest.mark.timeout(60)
@@ -347,3 +470,54 @@ def test_the_sidecar_names_the_exception_of_a_helper_its_owner_reaped(records: P
         r"ValueError: bad shard 7 at <string>:8 in loader \[exception record ",
         proc.stderr,
     ), proc.stderr
+
+
+OWNER_SIDECAR = """
+import multiprocessing as mp, sys, threading, time
+import healthkit as hk
+
+def load():
+    raise ValueError("bad shard 7")
+
+@hk.record_exception
+def loader(ending):
+    if ending == "exit":
+        sys.exit("fatal: bad shard 7")
+    t = threading.Thread(target=load, name="shard-thread")
+    t.start()
+    t.join()
+
+if __name__ == "__main__":
+    p = mp.get_context(sys.argv[1]).Process(target=loader, args=(sys.argv[2],), name="loader")
+    wd = hk.DisarmableWatchdog(mode="sidecar").arm()
+    p.start()
+    wd.watch(p)
+    time.sleep(60)
+    print("NOT STOPPED", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("method", "ending"), [("fork", "thread"), ("spawn", "exit")])
+def test_the_sidecar_carries_every_ending(
+    records: Path, tmp_path: Path, method: str, ending: str
+) -> None:
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    script = tmp_path / "owner.py"  # a file: spawn children import their target from it
+    script.write_text(OWNER_SIDECAR)
+    proc = subprocess.run([PYTHON, str(script), method, ending], capture_output=True,
+                          text=True, timeout=90, env=env)
+    assert proc.returncode == -15, proc.stderr  # stopped by the sidecar
+    likely = (
+        r"exited with code 0 while it was expected to run until disarmed: it raised "
+        r"ValueError: bad shard 7 in thread shard-thread at owner.py:6 in load, then returned"
+        if ending == "thread"
+        else r"exited with code 1: it called sys.exit\('fatal: bad shard 7'\) at owner.py:11"
+    )
+    assert re.search(
+        r"healthkit watchdog \(sidecar\): loader \(pid \d+\) " + likely, proc.stderr
+    ), proc.stderr
+    assert "wrap its entry point" not in proc.stderr
+    callstack = json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
+    assert re.search(likely, callstack), callstack

@@ -354,6 +354,9 @@ def test_the_same_record_from_the_kernel_confirms(tmp_path: Path) -> None:
     kmsg.write_text("6,1,0,-;Linux version 6\n")
     diagnoser = ExitDiagnoser(cgroup_root=str(tmp_path), kmsg_path=str(kmsg))
     victim, watch = _sigkill_by_hand()
+    # Past the clock tick it started in, as a real OOM victim is by the time it is killed (a
+    # record within that tick may be an earlier process's with the same pid).
+    time.sleep(0.03)
     now = time.monotonic_ns() // 1000  # the kernel log's clock: after the victim started
     try:
         with kmsg.open("a") as f:

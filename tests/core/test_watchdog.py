@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -772,15 +773,69 @@ def test_the_diagnosis_goes_to_the_applications_log_file_in_thread_and_sidecar_m
 
 
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
-@pytest.mark.parametrize("silence", [["--log-level", "CRITICAL"], ["--log-disabled"]])
-def test_a_silenced_healthkit_logger_prints_nothing_but_the_watchdog_still_acts_sidecar_too(
-    mode: str, silence: list[str]
+def test_a_healthkit_logger_set_above_error_prints_nothing_but_the_watchdog_still_acts(
+    mode: str,
 ) -> None:
-    """No handler configured: the fallback print honours the logger's level and disabled
-    (in the sidecar as in the owner), and the job is still failed."""
-    proc, _pids = run_owner("kill-helper", "--mode", mode, *silence)
+    """No handler configured: the fallback print honours the logger's level (in the sidecar
+    as in the owner), and the job is still failed."""
+    proc, _pids = run_owner("kill-helper", "--mode", mode, "--log-level", "CRITICAL")
     assert "healthkit" not in proc.stderr and "SIGKILL" not in proc.stderr, proc.stderr
     assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_disabled_healthkit_logger_still_gives_the_error_line(mode: str) -> None:
+    """``disabled`` is what dictConfig sets on every logger that exists when it runs: it
+    silences healthkit below ERROR, not the line that says why the job is ending."""
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-disabled")
+    assert f"ERROR {'healthkit sidecar: ' if mode == 'sidecar' else ''}healthkit watchdog" \
+        in proc.stderr, proc.stderr
+    assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_dictconfig_after_import_keeps_the_error_line_in_the_apps_log(
+    mode: str, tmp_path: Path
+) -> None:
+    """``logging.config.dictConfig`` with its default ``disable_existing_loggers=True``,
+    after ``import healthkit``: the diagnosis still reaches the application's file."""
+    app_log = tmp_path / "app.log"
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-dictconfig", str(app_log))
+    text = app_log.read_text()
+    assert "APP ERROR healthkit: " in text and (
+        f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in text
+    ), (text, proc.stderr)
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_a_json_log_file_gets_only_json_lines_with_the_diagnosis(
+    mode: str, tmp_path: Path
+) -> None:
+    """A formatter class of the application's own (JSON) cannot run in the sidecar: its
+    lines are relayed to the owner, which writes them in its format; nothing in plain text
+    lands in that file."""
+    app_log = tmp_path / "app.jsonl"
+    proc, pids = run_owner("kill-helper", "--mode", mode, "--log-json", str(app_log))
+    lines = [json.loads(x) for x in app_log.read_text().splitlines()]  # each one is JSON
+    died = [x for x in lines if f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in x["message"]]
+    assert len(died) == 1 and died[0]["level"] == "ERROR", lines
+    assert died[0]["logger"] == "healthkit"
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1)
+
+
+def test_a_queue_handler_gets_each_sidecar_line_once() -> None:
+    """A QueueHandler is relayed to the owner; the sidecar's own stderr line is only for
+    what the owner does not take: each line shows once."""
+    proc, pids = run_owner("kill-helper", "--mode", "sidecar", "--log-queue")
+    out = proc.stdout + proc.stderr
+    died = f"helper-0 (pid {pids[0]}) was killed by SIGKILL"
+    assert out.count(died) == 1, out
+    assert f"QUEUED ERROR healthkit: healthkit watchdog (sidecar): {died}" in proc.stdout
+    assert out.count("stopping the owner (pid ") == 1, out
+    assert proc.returncode == -signal.SIGTERM
 
 
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
@@ -821,3 +876,112 @@ def test_a_sidecar_with_a_custom_handler_still_stops_an_owner_holding_the_gil() 
     assert proc.returncode == -signal.SIGTERM
     assert "CUSTOM ERROR" not in proc.stdout, proc.stdout
     assert f"helper-0 (pid {pids[0]}) was killed by SIGKILL" in proc.stderr, proc.stderr
+
+
+OWNER_WITH_DIAGNOSER = r"""
+import multiprocessing as mp, os, signal, sys, time
+import healthkit as hk
+from healthkit.lowlevel import MemoryCgroup
+
+def hold_memory(ready):
+    block = bytearray(64 << 20)  # resident: written below
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    ready.set()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    cgroup_dir, mode = sys.argv[1], sys.argv[2]
+    # The helpers' own cgroup (a v2 directory, its files in the kernel's format) and no
+    # kernel log: the documented set-up for helpers in another cgroup than their owner.
+    diagnoser = hk.ExitDiagnoser(cgroup=MemoryCgroup(2, cgroup_dir), kmsg_path=None)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=hold_memory, args=(ready,), name="sampler")
+    p.start()
+    wd = hk.DisarmableWatchdog([p], mode=mode, diagnoser=diagnoser, rss_sample_interval=0.02)
+    wd.arm()
+    ready.wait(30)
+    time.sleep(0.3)  # sampled a few times while it holds its memory
+    # The kernel counts an OOM kill in the helpers' cgroup and kills the helper.
+    with open(os.path.join(cgroup_dir, "memory.events"), "w") as f:
+        f.write("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    os.kill(p.pid, signal.SIGKILL)
+    time.sleep(60)
+    print("NOT STOPPED", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+def test_both_modes_use_the_users_diagnoser_and_rss_sampling(tmp_path: Path, mode: str) -> None:
+    """The sidecar builds the owner's diagnoser again (its cgroup, no kernel log, the OOM
+    counter's baseline) and samples peak RSS as the owner's thread does: the line confirms
+    the OOM kill from that cgroup's counter and gives the helper's sampled peak."""
+    cgroup = tmp_path / "helpers"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    (cgroup / "memory.max").write_text("max\n")
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER_WITH_DIAGNOSER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(cgroup), mode], capture_output=True, text=True,
+        timeout=100,
+    )
+    assert "NOT STOPPED" not in proc.stdout
+    assert proc.returncode == (-signal.SIGTERM if mode == "sidecar" else 1), proc.stderr
+    line = next(
+        (x for x in proc.stderr.splitlines() if "sampler (pid" in x and "SIGKILL" in x), ""
+    )
+    assert "the kernel's OOM killer (confirmed)" in line, proc.stderr
+    assert f"cgroup {cgroup} (v2): oom_kill 0 -> 1 during this run (memory.events)" in line
+    peak = re.search(r"its peak RSS ([\d.]+) MiB \(sampled VmHWM\)", line)
+    assert peak is not None and float(peak.group(1)) >= 64, line
+    if mode == "sidecar":
+        assert "(sidecar)" in line
+
+
+class _MyDiagnoser(hk.ExitDiagnoser):
+    pass
+
+
+def test_a_sidecar_refuses_a_diagnoser_subclass_it_cannot_run() -> None:
+    d = _MyDiagnoser(kmsg_path=None)
+    try:
+        with pytest.raises(hk.InvalidArgumentError, match="subclass") as info:
+            hk.DisarmableWatchdog(mode="sidecar", diagnoser=d)
+        assert info.value.argument == "diagnoser"
+        hk.DisarmableWatchdog(mode="thread", diagnoser=d)  # its code runs here: accepted
+    finally:
+        d.close()
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """The watchdog's record table, counting how often something walks it."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().values()
+
+
+def test_watch_finds_a_duplicate_by_pid_without_walking_the_records() -> None:
+    """Set-up stays O(1) per watch (benchmarks/bench_setup.py measures it): watch() looks a
+    pid up instead of scanning every record; a second watch of the same pid still returns
+    the first one."""
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    wd = hk.DisarmableWatchdog(actions=[lambda event: None])
+    try:
+        wd._records = _CountingDict()
+        _CountingDict.walks = 0
+        watches = [wd.watch(p) for p in procs]
+        assert wd.watch(procs[1]) is watches[1]  # the duplicate, found by its pid
+        assert wd.watch(procs[1].pid) is watches[1]
+        assert _CountingDict.walks == 0
+        assert len(wd.watches) == 3
+    finally:
+        wd.disarm()
+        for p in procs:
+            p.kill()
+            p.wait()

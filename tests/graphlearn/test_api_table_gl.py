@@ -44,7 +44,10 @@ GL: dict[str, dict[str, Case | list[Case]]] = {
         "env": Case(lambda e: hkgl.client_task_index(env={"RANK": 0}), T),
     },
     "healthkit_graphlearn.die_with_rank": {
-        "rank_pid": Case(lambda e: hkgl.die_with_rank("1"), T),
+        "rank_pid": [
+            Case(lambda e: hkgl.die_with_rank("1"), T),
+            Case(lambda e: hkgl.die_with_rank(-3), hk.NoSuchProcessError, "rank_pid", "-3"),
+        ],
     },
     "healthkit_graphlearn.exchange_server_addresses": {
         "address": [Case(lambda e: hkgl.exchange_server_addresses(5, env=ENV), T),
@@ -53,7 +56,13 @@ GL: dict[str, dict[str, Case | list[Case]]] = {
         "exchange": Case(lambda e: hkgl.exchange_server_addresses("h:1", exchange="gather")),
         "group": Case(lambda e: hkgl.exchange_server_addresses("h:1", env=ENV, group=object())),
     },
-    "healthkit_graphlearn.free_port": {"host": Case(lambda e: hkgl.free_port(None), T)},
+    "healthkit_graphlearn.free_port": {
+        "host": [
+            Case(lambda e: hkgl.free_port(None), T),
+            Case(lambda e: hkgl.free_port("no.such.host"), label="unresolvable"),
+            Case(lambda e: hkgl.free_port("192.0.2.1"), label="not-this-machine"),  # TEST-NET-1
+        ]
+    },
     "healthkit_graphlearn.get_cluster_spec": {
         "num_client_per_rank": Case(lambda e: hkgl.get_cluster_spec(0)),
         "host": Case(lambda e: hkgl.get_cluster_spec(host=5), T),

@@ -157,3 +157,19 @@ def test_all_gather_carries_host_names_and_uneven_nodes(tmp_path: Path) -> None:
     assert all(s == specs[0] for s in specs)
     servers = str(specs[0]["server"]).split(",")  # type: ignore[index]
     assert len(servers) == 2 and all(s.startswith("localhost:") for s in servers)
+
+
+def test_the_servers_port_is_picked_below_the_ephemeral_range_and_free() -> None:
+    """As the tests' own picker: a port from bind(0) is where every connect() and torch's
+    RPC listeners take theirs, so one of the job's own sockets could take it first."""
+    import socket
+
+    from testutil import ephemeral_ports
+
+    low, _ = ephemeral_ports()
+    ports = {hkgl.free_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports), sorted(ports)
+    assert len(ports) > 1
+    port = hkgl.free_port("0.0.0.0")
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", port))  # free: the server can bind it

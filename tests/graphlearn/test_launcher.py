@@ -277,7 +277,7 @@ def test_a_server_not_ready_in_time_is_stopped_and_raises(tmp_path: Path) -> Non
     assert rc == 0, err[-3000:]
     res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RAISED "))[7:])
     assert res["type"] == "SamplerServerTimeoutError"
-    assert "HEALTHKIT_GL_READY_TIMEOUT" in res["message"]
+    assert "HEALTHKIT_GL_READY_TIMEOUT_SECONDS" in res["message"]
     assert res["after_s"] < 30 and res["children"] == []
 
 
@@ -356,5 +356,5 @@ def test_background_launch_not_ready_by_its_deadline_dies_of_sigalrm_and_fails_t
     )
     assert m, err[-3000:]
     assert m.group(0) in json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
-    assert "ends itself with SIGALRM (ready_timeout= or $HEALTHKIT_GL_READY_TIMEOUT)" in err
+    assert "ends itself with SIGALRM (ready_timeout= or $HEALTHKIT_GL_READY_TIMEOUT_SECONDS)" in err
     assert owner.strays == []

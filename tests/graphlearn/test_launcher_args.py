@@ -55,8 +55,8 @@ def test_a_bad_local_rank_in_the_environment_is_rejected_naming_it(
 def test_a_bad_ready_timeout_in_the_environment_is_rejected_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("HEALTHKIT_GL_READY_TIMEOUT", "ten")
-    with pytest.raises(hk.InvalidArgumentError, match="HEALTHKIT_GL_READY_TIMEOUT='ten'"):
+    monkeypatch.setenv("HEALTHKIT_GL_READY_TIMEOUT_SECONDS", "ten")
+    with pytest.raises(hk.InvalidArgumentError, match="HEALTHKIT_GL_READY_TIMEOUT_SECONDS='ten'"):
         hkgl.launch_sampler_server(GRAPH, CLUSTER, 0, local_rank=1)
 
 

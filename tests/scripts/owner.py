@@ -89,6 +89,17 @@ class PrintHandler(logging.Handler):
         print(f"CUSTOM {record.levelname} {record.name}: {record.getMessage()}", flush=True)
 
 
+class JsonFormatter(logging.Formatter):
+    """An application's structured log format: one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        return json.dumps(
+            {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario")
@@ -104,7 +115,38 @@ def main() -> None:
     ap.add_argument("--log-level", help="set on the healthkit logger (e.g. CRITICAL)")
     ap.add_argument("--log-disabled", action="store_true", help="healthkit logger disabled")
     ap.add_argument("--log-custom", action="store_true", help="a handler no process can share")
+    ap.add_argument("--log-json", help="a FileHandler on the root with a JSON formatter class")
+    ap.add_argument("--log-dictconfig", help="dictConfig after import: a root file handler")
+    ap.add_argument("--log-queue", action="store_true",
+                    help="a QueueHandler on the root, its listener printing to stdout")
     args = ap.parse_args()
+
+    if args.log_json:
+        handler = logging.FileHandler(args.log_json)
+        handler.setFormatter(JsonFormatter())
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+    if args.log_dictconfig:
+        from logging import config as logging_config
+
+        logging_config.dictConfig({  # disable_existing_loggers: True, the default
+            "version": 1,
+            "formatters": {"app": {"format": "APP %(levelname)s %(name)s: %(message)s"}},
+            "handlers": {"file": {"class": "logging.FileHandler", "formatter": "app",
+                                  "filename": args.log_dictconfig}},
+            "root": {"level": "INFO", "handlers": ["file"]},
+        })
+    if args.log_queue:
+        import queue
+        from logging import handlers as logging_handlers
+
+        q: queue.Queue[logging.LogRecord] = queue.Queue()
+        out = logging.StreamHandler(sys.stdout)
+        out.setFormatter(logging.Formatter("QUEUED %(levelname)s %(name)s: %(message)s"))
+        listener = logging_handlers.QueueListener(q, out)
+        listener.start()
+        logging.getLogger().addHandler(logging_handlers.QueueHandler(q))
+        logging.getLogger().setLevel(logging.INFO)
 
     if args.log_file:
         logging.basicConfig(

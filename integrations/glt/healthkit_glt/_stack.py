@@ -13,6 +13,7 @@ stack to install and how (docs/glt.md, "Supported versions").
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 
 from packaging.version import InvalidVersion, Version
 
@@ -22,9 +23,10 @@ __all__ = ["INSTALL_HINT", "stack_error"]
 
 INSTALL_HINT = (
     "install one of the two tested stacks first (docs/glt.md, 'Supported versions'): "
-    "PyPI's, with this distribution's `torch23` extra (torch 2.3.0, graphlearn-torch 0.2.4, "
-    "torch_geometric 2.6.1, numpy<2: `pip install "
-    f"'pipeline_healthkit_glt-{__version__}-py3-none-any.whl[torch23]'`) and then "
+    "PyPI's, on Python 3.11, with this distribution's `torch23` extra (torch 2.3.0, "
+    "graphlearn-torch 0.2.4, torch_geometric 2.6.1, numpy<2: `pip install "
+    f"'pipeline_healthkit_glt-{__version__}-py3-none-any.whl[torch23]'`; torch's CUDA build, "
+    "also on a CPU-only machine: PyPI's graphlearn-torch wheel needs it) and then "
     "`FORCE_ONLY_CPU=1 pip install --no-build-isolation torch-scatter==2.1.2 "
     "torch-sparse==0.6.18`; or GiGL's: torch 2.8.0 and graphlearn-torch built from source "
     "(docs/glt.md, 'Building graphlearn-torch from source the way GiGL does')"
@@ -60,12 +62,27 @@ def _release_on_newer_torch(glt: str, torch: str) -> bool:
     return glt_v.local is None and torch_v.release >= _FIRST_TORCH_PYPI_GLT_FAILS.release
 
 
+def _release_on_cpu_torch(glt: str, torch: str) -> bool:
+    """A PyPI graphlearn-torch release on torch's CPU build (``2.3.0+cpu``)."""
+    try:
+        glt_v, torch_v = Version(glt), Version(torch)
+    except InvalidVersion:
+        return False
+    return glt_v.local is None and torch_v.local is not None and "cpu" in torch_v.local
+
+
 def stack_error(exc: BaseException) -> ImportError:
     """The ImportError to raise instead of ``exc``, graphlearn-torch's failure to import."""
     torch, glt = _version("torch"), _version("graphlearn-torch")
     missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
     if torch is None or missing == "torch":
         what = "torch is not installed"
+        if sys.version_info[:2] != (3, 11):
+            what += (
+                f" (this is Python {sys.version_info[0]}.{sys.version_info[1]}: the `torch23` "
+                "extra installs PyPI's stack on Python 3.11 only, where graphlearn-torch 0.2.4 "
+                "has wheels, and nothing here; use Python 3.11 for it, or GiGL's stack)"
+            )
     elif glt is None or missing == "graphlearn_torch":
         what = f"graphlearn-torch is not installed (torch {torch} is)"
     elif missing is not None and missing.split(".")[0] in _UNDECLARED:
@@ -74,6 +91,13 @@ def stack_error(exc: BaseException) -> ImportError:
             f"healthkit_glt: graphlearn-torch {glt} imports {top}, which it does not declare "
             f"and which is not installed: {_UNDECLARED[top]}",
             name=top,
+        )
+    elif _release_on_cpu_torch(glt, torch):
+        what = (
+            f"graphlearn-torch {glt} from PyPI needs torch's CUDA build (its extension calls "
+            f"c10::cuda), and torch {torch} is the CPU build ({type(exc).__name__}: {exc}); "
+            "install torch==2.3.0 from PyPI, whose default build is the CUDA one and runs on "
+            "a CPU-only machine too"
         )
     elif _release_on_newer_torch(glt, torch):
         what = (

@@ -18,7 +18,9 @@ host string. Neither path imports torch unless ``torch.distributed`` is already 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import random
 import socket
 import sys
 from typing import Any, Literal
@@ -39,16 +41,57 @@ __all__ = [
 Exchange = Literal["all_reduce", "all_gather"]
 
 
+def _ephemeral_low() -> int:
+    """The start of the kernel's range for ``bind(0)`` and ``connect()`` (default 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` a moment ago. The server binds it seconds later, so another
-    process may take it first (the same race as tzrec's); the server then fails to start and
-    the launcher raises with its diagnosis."""
+    """A TCP port free on ``host`` a moment ago, taken below the kernel's ephemeral range.
+
+    The server binds it seconds later. A port from ``bind(0)`` lies in the ephemeral range,
+    where every ``connect()`` takes its local port and torch's RPC agents open listeners of
+    their own with ``bind(0)``: one of the job's own sockets can take it in between. Below the
+    range only another explicit pick can collide: random, and checked by a bind here (the
+    server then still fails to start if someone takes it first, and the launcher raises with
+    its diagnosis). Falls back to ``bind(0)`` when the range starts too low to pick below it.
+
+    Raises:
+        InvalidArgumentTypeError: ``host`` is not a non-empty str.
+        InvalidArgumentError: ``host`` does not resolve, or is no address of this machine.
+    """
     if not isinstance(host, str) or not host:
         raise InvalidArgumentTypeError(f"host must be a host name or address, got {host!r}", "host")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    try:
+        socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InvalidArgumentError(
+            f"host {host!r} does not resolve ({e.strerror}): give this machine's address or "
+            "host name (the server listens there)",
+            "host",
+        ) from None
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10000, low) if low > 11000 else 0  # no room below: the kernel's
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    raise InvalidArgumentError(
+                        f"host {host!r} is not an address of this machine: the server "
+                        "listens on this node, so give one of its addresses",
+                        "host",
+                    ) from None
+                continue  # in use: another pick
+            return int(s.getsockname()[1])
+    raise OSError(f"no free TCP port on {host} below {low} after 100 tries")
 
 
 def server_address(host: str | None = None, port: int | None = None) -> str:

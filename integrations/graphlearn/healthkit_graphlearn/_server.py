@@ -90,7 +90,7 @@ logger = logging.getLogger("healthkit.graphlearn")
 WatchMode = Literal["sidecar", "thread"]
 CleanExit = Literal["ignore", "warn", "fail"]
 
-READY_TIMEOUT_ENV = "HEALTHKIT_GL_READY_TIMEOUT"
+READY_TIMEOUT_ENV = "HEALTHKIT_GL_READY_TIMEOUT_SECONDS"
 #: Loading a large node table can take minutes; a server that *dies* while loading is
 #: reported at once whatever this bound is.
 DEFAULT_READY_TIMEOUT = 600.0
@@ -337,7 +337,7 @@ def launch_sampler_server(
 
     ``wait=True`` (default) blocks until the server is ready to serve (``graph.init()``
     returned in it), at most ``ready_timeout`` seconds (default
-    ``$HEALTHKIT_GL_READY_TIMEOUT``, else 600), then arms a DisarmableWatchdog on it: on an
+    ``$HEALTHKIT_GL_READY_TIMEOUT_SECONDS``, else 600), then arms a DisarmableWatchdog on it: on an
     abnormal exit the rank logs the diagnosis, writes the torchelastic error file and exits
     so torchrun tears the job down in seconds.
 
@@ -364,7 +364,8 @@ def launch_sampler_server(
             (``wait=True`` only).
         LaunchContextError: called off the main thread, or in a process forked from the one
             that launched the server.
-        InvalidArgumentError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT``) is invalid.
+        InvalidArgumentError: ``LOCAL_RANK`` (or ``$HEALTHKIT_GL_READY_TIMEOUT_SECONDS``) is
+            invalid.
         ValueError, TypeError: a bad argument; the message says which.
     """
     global _launched

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 
-from healthkit import InvalidArgumentTypeError
+from healthkit import InvalidArgumentTypeError, NoSuchProcessError
 from healthkit.lowlevel import die_with_parent
 
 __all__ = ["die_with_rank"]
@@ -36,6 +36,9 @@ logger = logging.getLogger("healthkit.graphlearn")
 
 _bound_to: int | None = None  # the rank pid this process is bound to (per process)
 _bound_in: int | None = None  # ... and the pid that binding was made in (forks start fresh)
+
+
+_PID_MAX_LIMIT = 1 << 22  # the kernel's PID_MAX_LIMIT on 64-bit
 
 
 def die_with_rank(rank_pid: int | None = None) -> bool:
@@ -58,6 +61,11 @@ def die_with_rank(rank_pid: int | None = None) -> bool:
         if isinstance(rank_pid, bool) or not isinstance(rank_pid, int):
             raise InvalidArgumentTypeError(
                 f"rank_pid must be an int (the rank's pid), got {rank_pid!r}", "rank_pid"
+            )
+        if not 1 <= rank_pid <= _PID_MAX_LIMIT:
+            raise NoSuchProcessError(
+                f"rank_pid must be a positive integer of at most {_PID_MAX_LIMIT} (the "
+                f"largest pid Linux hands out; the rank's os.getpid()), got {rank_pid}"
             )
     elif not _in_dataloader_worker():
         return False
