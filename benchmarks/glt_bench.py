@@ -612,6 +612,7 @@ def _worker_kill_section() -> list[str]:
             f"- Date: {res['date']} UTC; {res['total_s']:.0f} s",
             f"- Machine: {res['machine']}",
             f"- Software: {res['software']}",
+            *([f"- Baseline: {res['baseline_label']}"] if res.get("baseline_label") else []),
             "",
             "| code | runs | error after | under 1 s | server delivered after the exit "
             "| client batches after the exit | hung / other |",
@@ -1174,6 +1175,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --worker-kill: also run an earlier healthkit tree's code, "
         "alternating with this one's (e.g. `git archive` of the commit before)",
     )
+    p.add_argument(
+        "--baseline-label",
+        metavar="TEXT",
+        help="with --baseline: what that tree is, for the page (e.g. the commit it holds)",
+    )
     p.add_argument("--block", nargs=4, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS REPEATS
     args = p.parse_args(argv)
     if args.block:  # one block of the end-to-end runs, in its own process
@@ -1196,6 +1202,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_kill:
         give_up_after(args.budget or 3600)
         wk_res = worker_kill(args.worker_kill, args.baseline)
+        wk_res["baseline_label"] = args.baseline_label
         path = WK_RESULTS.format(wk_res["glt"])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
