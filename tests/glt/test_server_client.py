@@ -377,6 +377,12 @@ def test_a_lost_network_ends_the_clients_loader_and_the_servers_producer_within_
     nl = r["network_loss"]
     assert nl["hung"] is False and nl["type"] == "SamplingServerLostError", nl
     assert "stopped answering TCP keepalive probes" in nl["message"]
+    # the bound it states is the real one: silence counts from the server's last answer
+    # to a probe, one every half of the timeout while it is alive
+    ct = ssc.CONNECTION_TIMEOUT_S
+    assert f"nothing came from it for {ct:g}s" in nl["message"], nl["message"]
+    assert f"went silent {ct / 2:g}-{ct:g}s before this" in nl["message"], nl["message"]
+    assert nl["after_loss_s"] < ct + 3.0, nl  # within the stated bound (and the scheduling)
     assert nl["after_loss_s"] < 2 * ssc.CONNECTION_TIMEOUT_S + 5
     assert nl["survivors"] == [] and nl["workers_gone_after_s"] < 2 * ssc.CONNECTION_TIMEOUT_S + 5
     # in full, events included: a server that missed its stop report was seen under load
