@@ -45,7 +45,7 @@ def fail_rebuild(cycles: int) -> dict[str, Any]:
 
 def server_fail_rebuild(cycles: int) -> dict[str, Any]:
     kinds = "worker-death,sampler-error,init-failure"
-    run = ssc.run("fail-rebuild", [str(cycles + 1), "0", kinds], timeout=120 + 40 * cycles)
+    run = ssc.run("fail-rebuild", [str(cycles + 1), "0", kinds], timeout=300 + 60 * cycles)
     r = run.results[-1] if run.results else {}
     per = r.get("per_cycle") or []
     keys = ("fds", "semaphores", "semaphore_files")

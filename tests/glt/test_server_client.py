@@ -353,6 +353,7 @@ def test_a_long_lived_server_keeps_no_fd_or_semaphore_of_its_failed_producers() 
     r = run.result
     assert "error" not in r, (r.get("error"), run.output[-4000:])
     per = r["per_cycle"]
+    assert r["finished"], per
     assert [x["outcome"] for x in per] == [
         "RemoteSamplingError: worker died", "RemoteSamplingError: sampler raised",
         "RemoteSamplingError: init failed"], per  # fmt: skip
