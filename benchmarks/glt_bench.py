@@ -23,6 +23,9 @@
    and one client against stock GLT's, by the protocol of 1., and the time from each fault
    (a worker SIGKILLed on the server, a sampler raising there, a client or the server
    SIGKILLed, the network lost) to the error, next to stock GLT, which hangs.
+7. Server-client mode, a worker killed in a 2,000-batch epoch (``--worker-kill RUNS``, kept
+   in ``benchmarks/results/glt-worker-kill-*.json``): the time to the client's error and the
+   batches delivered after the death, optionally next to an earlier tree's code.
 
 Usage (``scripts/bench`` runs it after the core benchmarks, with the fault matrices)::
 
@@ -31,6 +34,7 @@ Usage (``scripts/bench`` runs it after the core benchmarks, with the fault matri
     .venv-glt/bin/python benchmarks/glt_bench.py --report-only benchmarks/results/glt.json
     .venv-glt/bin/python benchmarks/glt_bench.py --server-client     # 6. only (about 12 min)
     .venv-glt28/bin/python benchmarks/glt_bench.py --server-client   # the same, torch 2.8
+    .venv-glt/bin/python benchmarks/glt_bench.py --worker-kill 9 [--baseline TREE]   # 7.
 
 A full run writes docs/benchmarks-glt.md and its raw data, every epoch of every block, to
 benchmarks/results/glt.json; ``--report-only`` re-renders the page from such a file.
@@ -74,6 +78,12 @@ OUT = os.path.join(ROOT, "docs", "benchmarks-glt.md")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt.json")
 FAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-faults-*.json")
 SC_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-server-client-{}.json")
+WK_RESULTS = os.path.join(ROOT, "benchmarks", "results", "glt-worker-kill-{}.json")
+WK_SEED_REPEATS = 125  # the worker-kill runs' epoch: 2,000 batches
+WK_RUN_S = 300.0  # one worker-kill run (a server and a client, start to exit), at most
+WK_BUFFER_CAPACITY = 100  # the server's ring: room for 100 batches (GLT's default: 2 x 1)
+WK_DELAY_S = 0.02  # the client's step per batch: slower than the two workers' sampling
+WK_PAUSE_S = 2.0  # the client's pause after batch KILL_AFTER_BATCH: the ring fills
 FORMAT = 2
 
 # Blocks per loader and timed epochs per block, for each consumer, in a full run.
@@ -505,6 +515,126 @@ def server_client(quick: bool) -> dict[str, Any]:
     return res
 
 
+def _tree_env(tree: str) -> dict[str, str]:
+    """The environment that runs ``tree``'s healthkit and healthkit_glt."""
+    return {"PYTHONPATH": os.pathsep.join(
+        [tree, os.path.join(tree, "integrations", "glt"),
+         os.path.join(tree, "integrations", "graphlearn")])}  # fmt: skip
+
+
+def worker_kill(runs: int, baseline: str | None) -> dict[str, Any]:
+    """Server-client mode, a sampling worker SIGKILLed on the server in a 2,000-batch epoch
+    (``glt_server_scenarios.py worker-kill``): the time to the client's error and the
+    batches the client got after the kill and after the server observed the death. With
+    ``baseline`` (a tree of an earlier healthkit), its runs alternate with this tree's."""
+    import healthkit_glt as hg
+    import torch
+
+    trees = [("this tree", ROOT)] + ([("baseline", os.path.abspath(baseline))] if baseline else [])
+    t0 = time.monotonic()
+    res: dict[str, Any] = {
+        "command": " ".join(
+            [
+                os.path.relpath(sys.executable, ROOT),
+                "benchmarks/glt_bench.py",
+                "--worker-kill",
+                str(runs),
+                *(["--baseline", baseline] if baseline else []),
+            ]
+        ),
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+        "glt": hg.glt_version(),
+        "software": f"torch {torch.__version__}, graphlearn-torch {hg.glt_version()}, CPU only",
+        "seed_repeats": WK_SEED_REPEATS,
+        "kill_after_batch": ssc.KILL_AFTER_BATCH,
+        "runs": {name: [] for name, _ in trees},
+    }
+    for i in range(runs):
+        for name, tree in trees if i % 2 == 0 else trees[::-1]:
+            env = {**_tree_env(tree), "HK_TEST_SEED_REPEATS": str(WK_SEED_REPEATS),
+                   "HK_TEST_BUFFER_CAPACITY": str(WK_BUFFER_CAPACITY)}  # fmt: skip
+            run = ssc.run("worker-kill", ["hk", str(WK_PAUSE_S), str(WK_DELAY_S)],
+                          timeout=WK_RUN_S, env=env)  # fmt: skip
+            r = run.results[-1] if run.results else {"error": "no result"}
+            wk = {k: v for k, v in r.get("worker_kill", {}).items() if k != "message"}
+            wk.update(rc=run.returncode, error=r.get("error"),
+                      left_processes=len(run.survivors),
+                      left_segments=len(run.leaked_segments))  # fmt: skip
+            res["runs"][name].append(wk)
+            print(f"[glt-bench] worker-kill ({name}) run {i + 1}: {wk}", flush=True)
+    res["total_s"] = time.monotonic() - t0
+    res["machine"] = machine()
+    return res
+
+
+def _worker_kill_section() -> list[str]:
+    lines = [
+        "## Server-client mode: a worker killed in a long epoch",
+        "",
+        "One server, one client, an epoch of 2,000 batches "
+        f"(`HK_TEST_SEED_REPEATS={WK_SEED_REPEATS}`), 2 sampling workers on the server, "
+        f"its ring {WK_BUFFER_CAPACITY} batches (`HK_TEST_BUFFER_CAPACITY`), a prefetch of "
+        f"2. The client takes {WK_DELAY_S * 1000:.0f} ms per batch (a training step: slower "
+        "than the sampling, so the ring stays full) and, after batch "
+        f"{ssc.KILL_AFTER_BATCH}, pauses {WK_PAUSE_S:g} s (an evaluation, a checkpoint: the "
+        "ring fills); 0.2 s into the pause the driver SIGKILLs sampling worker 1 "
+        f"(`HK_TEST_SEED_REPEATS={WK_SEED_REPEATS} "
+        f"HK_TEST_BUFFER_CAPACITY={WK_BUFFER_CAPACITY} tests/glt/glt_server_scenarios.py "
+        f"worker-kill hk {WK_PAUSE_S:g} {WK_DELAY_S:g}`). All times on one clock "
+        "(CLOCK_MONOTONIC). *Error after*: from the client's next request after the death "
+        "(the end of its pause) to the `RemoteSamplingError` in its loop; a client that does "
+        "not ask cannot be told sooner. *Exit*: when the worker's exit became visible (its "
+        "pidfd, watched by the driver). *Server delivered after the exit*: the runs in which "
+        "the server's producer handed out a batch after that (its last delivery, from the "
+        "server), and by how long at most. *Client batches after the exit*: batches the "
+        "client got after it (those the server delivered just before are still in flight "
+        "then: up to the prefetch).",
+        "",
+    ]
+    files = sorted(glob.glob(WK_RESULTS.format("*")))
+    if not files:
+        return [*lines, "No saved runs (`benchmarks/glt_bench.py --worker-kill 9`).", ""]
+
+    def spread(xs: list[float], unit: str, fmt: str) -> str:
+        if not xs:
+            return "n/a"
+        xs = sorted(xs)
+        return (f"{format(statistics.median(xs), fmt)}{unit} median, "
+                f"{format(xs[-1], fmt)}{unit} max")  # fmt: skip
+
+    for path in files:
+        with open(path) as f:
+            res = json.load(f)
+        lines += [
+            f"### graphlearn-torch {res['glt']}",
+            "",
+            f"- Command: `{res['command']}`",
+            f"- Date: {res['date']} UTC; {res['total_s']:.0f} s",
+            f"- Machine: {res['machine']}",
+            f"- Software: {res['software']}",
+            *([f"- Baseline: {res['baseline_label']}"] if res.get("baseline_label") else []),
+            "",
+            "| code | runs | error after | under 1 s | server delivered after the exit "
+            "| client batches after the exit | hung / other |",
+            "|---|---:|---|---:|---|---|---:|",
+        ]
+        for name, runs in res["runs"].items():
+            ok = [r for r in runs if not r.get("hung", True) and "after_asked_s" in r]
+            after = [r["after_asked_s"] for r in ok]
+            late = [x for r in ok
+                    if (x := r.get("server_last_delivery_after_exit_s") or 0.0) > 0]  # fmt: skip
+            late_s = f", by up to {max(late):.3f} s" if late else ""
+            lines.append(
+                f"| {name} | {len(runs)} | {spread(after, ' s', '.2f')} "
+                f"| {sum(a < 1.0 for a in after)} of {len(runs)} "
+                f"| {len(late)} of {len(ok)} runs{late_s} "
+                f"| {spread([r['batches_after_exit'] for r in ok], '', '.0f')} "
+                f"| {len(runs) - len(ok)} |"
+            )
+        lines.append("")
+    return lines
+
+
 def machine() -> str:
     model = "?"
     try:
@@ -811,9 +941,21 @@ def _sc_fault_rows(f: dict[str, Any]) -> list[str]:
         e = (r or {}).get("sampler_error") or {}
         if not e:
             return "not measured"
+        if e.get("hung") and "epochs" not in e:  # saved before the epochs were recorded
+            return (f"(the server's features cover half the nodes: the real lookup raises) "
+                    f"no error within {hang} (this run recorded only that; the client does "
+                    "not wait, it ends each epoch short: docs/glt.md)")  # fmt: skip
         if e.get("hung"):
             return (f"(the server's features cover half the nodes: the real lookup raises) "
                     f"client still waiting after {hang}")  # fmt: skip
+        epochs = e.get("epochs") or []
+        if not e.get("type") and epochs:
+            full = (r or {}).get("full_epoch_batches", "?")
+            sizes = sorted({x["batches"] for x in epochs})
+            short = ", ".join(str(n) for n in sizes)
+            return (f"(the server's features cover half the nodes: the real lookup raises) "
+                    f"no error: {len(epochs)} epochs in {hang}, each ended short ({short} of "
+                    f"{full} batches, seeds missing): silent data loss")  # fmt: skip
         return f"ended: `{e.get('type')}`"
 
     def stock_cell(key: str, hung_text: str) -> str:
@@ -990,6 +1132,7 @@ def render(results: dict[str, Any]) -> str:
     lines += _writers_section(results["writers"])
     lines += _fault_section()
     lines += _server_client_section(_saved_server_client(results))
+    lines += _worker_kill_section()
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -1023,6 +1166,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-client", action="store_true",
                    help="measure server-client mode on this environment's GLT build only, "
                    "save it, and re-render the page from the saved results")  # fmt: skip
+    p.add_argument(
+        "--worker-kill",
+        type=int,
+        metavar="RUNS",
+        help="server-client mode: RUNS runs of a worker killed in a long epoch, "
+        "saved, then the page re-rendered from the saved results",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="with --worker-kill: also run an earlier healthkit tree's code, "
+        "alternating with this one's (e.g. `git archive` of the commit before)",
+    )
+    p.add_argument(
+        "--baseline-label",
+        metavar="TEXT",
+        help="with --baseline: what that tree is, for the page (e.g. the commit it holds)",
+    )
     p.add_argument("--block", nargs=4, help=argparse.SUPPRESS)  # LOADER CONSUMER EPOCHS REPEATS
     args = p.parse_args(argv)
     if args.block:  # one block of the end-to-end runs, in its own process
@@ -1041,6 +1202,17 @@ def main(argv: list[str] | None = None) -> int:
             f.write(portable_paths(json.dumps(sc_res, indent=1)))
         print(f"[glt-bench] server-client: {sc_res['total_s']:.0f} s; raw results: {path}")
         args.report_only = RESULTS  # the page, re-rendered with every saved section
+
+    if args.worker_kill:
+        give_up_after(args.budget or 3600)
+        wk_res = worker_kill(args.worker_kill, args.baseline)
+        wk_res["baseline_label"] = args.baseline_label
+        path = WK_RESULTS.format(wk_res["glt"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(portable_paths(json.dumps(wk_res, indent=1)))
+        print(f"[glt-bench] worker-kill: {wk_res['total_s']:.0f} s; raw results: {path}")
+        args.report_only = RESULTS
 
     if args.report_only:
         with open(args.report_only) as f:

@@ -127,7 +127,10 @@ def _race(
             call()
             result.append(None)
         except BaseException as e:
-            result.append(e)
+            # Kept without its traceback: its frames (this one among them) hold ``result``,
+            # so it would keep itself, the barrier and its semaphores alive in a reference
+            # cycle until the cyclic GC ran. The error's type and message are what is used.
+            result.append(e.with_traceback(None))
         finally:
             waits.wake()  # safe after close(): the thread may outlive this race
 
@@ -362,7 +365,10 @@ class BoundedBarrier:
             if on_failure is not None:
                 on_failure(error)
             self._unstick([party_thread, abort_thread], watches)
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # its traceback holds this frame: no cycle through this local
         finally:
             for watch, own in zip(watches, owned, strict=True):
                 if own:

@@ -126,6 +126,34 @@ def test_a_worker_dying_early_fails_fast_and_is_named(
     finish(bb, procs)
 
 
+def test_a_broken_barrier_is_freed_by_reference_counting_alone() -> None:
+    """The barrier's wait thread kept the error it raised with its traceback, whose frames
+    held the thread's own result list: a reference cycle that kept the barrier and its
+    multiprocessing semaphores (named files in /dev/shm) until the cyclic GC ran. A long-lived
+    process building a barrier per attempt (a sampling server whose producers fail) grew by
+    four semaphores each. With the cyclic GC off, dropping the barrier frees it."""
+    import gc
+    import threading
+    import weakref
+
+    bb, procs = start_workers(3, {1: "sigkill"})
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(hk.BarrierBrokenError):
+            bb.wait(procs)
+        finish(bb, procs)
+        deadline = time.monotonic() + 10
+        while any(t.name.startswith(bb.name) for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "the barrier's threads did not end"
+            time.sleep(0.01)
+        refs = [weakref.ref(bb), weakref.ref(bb.barrier)]
+        del bb, procs
+        assert [r() is None for r in refs] == [True, True]
+    finally:
+        gc.enable()
+
+
 def test_survivors_waiting_at_the_barrier_are_released_in_order() -> None:
     bb, procs = start_workers(3, {1: "sigkill"})
     time.sleep(3)  # let workers 0 and 2 reach the barrier first

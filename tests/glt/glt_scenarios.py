@@ -411,6 +411,14 @@ def _channel_writer(channel: Any, messages: int, tag: int, lock: Any) -> None:
         channel.send({"i": torch.full((100,), i), "tag": torch.tensor([tag])})
 
 
+def _channel_writer_then_wait(channel: Any, messages: int, sent: Any, go: Any) -> None:
+    """:func:`_channel_writer`, then ``sent.set()`` and a wait for ``go`` before its exit 0
+    (a worker that stays alive after its sends, as sampling workers do within an epoch)."""
+    _channel_writer(channel, messages, 0, None)
+    sent.set()
+    go.wait(120)
+
+
 def scenario_channel_writers(mode: str = "serialized", capacity: int = 2,
                              messages: int = 3000) -> None:  # fmt: skip
     """Two spawned writers send ``messages`` each into one ShmChannel; the consumer checks

@@ -8,6 +8,8 @@ server-client cases run them), each scenario a script run in its own process gro
     $H network-loss    # healthkit_glt; needs root (a private network namespace)
     $H network-loss stock
     $H sampler-error stock   # the server's features cover half the nodes
+    HK_TEST_SEED_REPEATS=125 $H worker-kill hk 0 0.02  # a worker killed in a 2,000-batch epoch
+    $H fail-rebuild 21 0 worker-death,sampler-error,init-failure   # a long-lived server
     $H healthy hk 3    # three epochs, nothing fails (the overhead benchmark's run)
     $H healthy hk 2 healthy,healthy-stock   # a stock GLT client of the same server too
     $H healthy stock 2 healthy,healthy-hk   # a healthkit_glt client of a stock server
@@ -39,6 +41,7 @@ import json
 import logging
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -149,10 +152,48 @@ def worker_pids_of(worker_key: str) -> list[int]:
     return [] if producer is None else [w.pid for w in producer._workers]
 
 
+def failed_producers() -> list[dict[str, Any]]:
+    """Runs on the server (a client's RPC): for each failed producer still held, when it
+    delivered its last batch and when its failure was observed (monotonic clock)."""
+    from graphlearn_torch.distributed.dist_server import get_server
+
+    server = get_server()
+    out = []
+    for producer_id in getattr(server, "_failures", {}):
+        producer = server._producer_pool.get(producer_id)
+        failure = getattr(producer, "failure", None)
+        d = getattr(failure, "diagnosis", None)
+        out.append({"producer_id": producer_id,
+                    "last_batch_at": getattr(producer, "_last_batch_at", None),
+                    "delivered": getattr(producer, "_batches_received", None),
+                    "observed_at": d.observed_at if d is not None else None})  # fmt: skip
+    return out
+
+
+def server_footprint() -> dict[str, Any]:
+    """Runs on the server (a client's RPC): what a failed producer could leave in it:
+    open fds, and the named semaphores it has mapped (``/dev/shm/sem.*``: multiprocessing's
+    locks, queues and values; a semaphore's name is unlinked only when its object is freed)."""
+    with open("/proc/self/maps") as f:  # glibc maps each semaphore it opens
+        inodes = {int(line.split()[4]) for line in f if "/dev/shm/sem." in line}
+    named = 0  # those whose name is still in /dev/shm (a mapping's path is glibc's temporary)
+    with contextlib.suppress(OSError), os.scandir("/dev/shm") as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                named += entry.name.startswith("sem.") and entry.inode() in inodes
+    return {"fds": len(os.listdir("/proc/self/fd")), "semaphores": len(inodes),
+            "semaphore_files": named}  # fmt: skip
+
+
 def server_main(mode: str, port: int, num_clients: int, out: Any, featured: int) -> None:
     """A server until SIGTERM: then its own bounded shutdown, a non-graceful RPC shutdown
-    (its clients may be dead), exit 0."""
+    (its clients may be dead), exit 0. ``$HK_TEST_SERVER_GC=0``: the cyclic garbage
+    collector disabled, so what a failure leaves is freed by reference counting or never."""
     _log_setup()
+    if os.environ.get("HK_TEST_SERVER_GC") == "0":
+        import gc
+
+        gc.disable()
     import graphlearn_torch as glt
 
     stop = threading.Event()
@@ -252,6 +293,7 @@ def _error(e: BaseException) -> dict[str, Any]:
         "signal": d.signal.name if d is not None and d.signal else None,
         "worker_traceback": getattr(e, "worker_traceback", None),
         "after_raise_s": time.time() - e.raised_at if getattr(e, "raised_at", None) else None,
+        "observed_at": d.observed_at if d is not None else None,
     }  # fmt: skip
 
 
@@ -269,6 +311,42 @@ def _until_error(
             out.put((name, "epoch", _epoch(loader, delay, report)))
     except Exception as e:
         return _error(e)
+
+
+KILL_AFTER_BATCH = 50  # the long epoch's batch after which the driver kills a worker
+
+
+def _long_epoch(
+    loader: Any, out: Any, name: str, server: str, pause: float, delay: float
+) -> dict[str, Any] | None:
+    """One epoch, the consumer taking ``delay`` s per batch (a training step's pace; 0:
+    dropping each batch at once), every batch's arrival time kept; ``(name, "mid-epoch",
+    t)`` after batch ``KILL_AFTER_BATCH``, then a pause of ``pause`` seconds. The error's
+    fields plus those times and the server's :func:`failed_producers`, or None if the
+    epoch ended without an error."""
+    from torch.distributed import rpc
+
+    times: list[float] = []
+    resumed = None
+    it = iter(loader)
+    try:
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return None
+            times.append(time.monotonic())
+            del batch
+            if len(times) == KILL_AFTER_BATCH:
+                out.put((name, "mid-epoch", times[-1]))
+                time.sleep(pause)  # the server's ring fills meanwhile
+                resumed = time.monotonic()
+            if delay:
+                time.sleep(delay)
+    except Exception as e:
+        err = {**_error(e), "batch_times": times, "resumed_at": resumed}
+        err["server_producers"] = rpc.rpc_sync(server, failed_producers)
+        return err
 
 
 def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sampling_port: int,
@@ -331,6 +409,42 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
+    elif role == "rebuild":
+        import glt_scenarios
+
+        cycles = []
+        kinds = os.environ.get("HK_TEST_KINDS", "worker-death").split(",")
+        for cycle in range(int(os.environ.get("HK_TEST_CYCLES", "3"))):
+            kind = kinds[cycle % len(kinds)]
+            outcome = "finished"
+            try:
+                if cycle:  # the first loader was built before "ready"
+                    kw = dict(kwargs)
+                    if kind == "sampler-error":
+                        kw["sampler_factory"] = functools.partial(
+                            glt_scenarios._raising_sampler_factory, raise_in="_sample_from_nodes"
+                        )
+                    elif kind == "init-failure":
+                        kw.update(worker_loop=glt_scenarios.rank1_raises_loop,
+                                  rpc_init_timeout=60)  # fmt: skip
+                    loader = _loader(mode, key, sampling_port, workers, **kw)
+                pids = rpc.rpc_sync(server, worker_pids_of, args=(key,))
+                for n, batch in enumerate(loader):
+                    if n == 1 and kind == "worker-death":
+                        os.kill(pids[1], signal.SIGKILL)
+                    del batch
+            except Exception as e:
+                outcome = f"{type(e).__name__}: {getattr(e, 'kind', '')}"
+            if kind != "init-failure":
+                loader.shutdown()  # the server releases the failed producer now
+            cycles.append({"kind": kind, "outcome": outcome,
+                           **rpc.rpc_sync(server, server_footprint)})  # fmt: skip
+            out.put((role, "cycle", cycles[-1]))  # as it goes: a slow run keeps its cycles
+        out.put((role, "cycles", cycles))
+    elif role == "long":
+        pause = float(os.environ.get("HK_TEST_PAUSE_S", "0"))
+        delay = float(os.environ.get("HK_TEST_DELAY_S", "0"))
+        out.put((role, "lost", _long_epoch(loader, out, role, server, pause, delay)))
     elif role == "d":
         for _ in range(2):
             out.put((role, "epoch", _epoch(loader)))
@@ -620,19 +734,136 @@ def scenario_network_loss(mode: str = "hk") -> None:
 
 def scenario_sampler_error(mode: str) -> None:
     """The server's node features cover half the nodes: a real GLT feature lookup raises in
-    a live sampling worker (healthkit_glt: the client's error; stock: watched ``HANG_S``)."""
+    a live sampling worker (healthkit_glt: the client's error; stock: watched ``HANG_S``).
+    The epochs the client finished meanwhile are reported too: stock GLT does not hang
+    here, it ends each epoch short, without an error (``epochs``: batches and whether every
+    seed came, per epoch; ``hung`` only when no error and no epoch came)."""
     _log_setup()
     job = Job(mode, ["solo"], featured=fx.NUM_NODES // 2)
-    res: dict[str, Any] = {"mode": mode}
+    res: dict[str, Any] = {"mode": mode, "full_epoch_batches": -(-fx.NUM_NODES // fx.BATCH_SIZE)}
     try:
         if job.wait_for("solo", "ready", READY_S) is None:
             res["error"] = _not_ready(job, "solo")
             return
         ready = time.monotonic()
         e = job.wait_for("solo", "lost", 60 if mode == "hk" else HANG_S)
-        res["sampler_error"] = _outcome(e, ready, "after_ready_s")
+        epochs = [
+            {"batches": x[2]["batches"], "every_seed_seen": x[2]["every_seed_seen"]}
+            for x in job.all("solo", "epoch")
+        ]
+        res["sampler_error"] = {**_outcome(e, ready, "after_ready_s"), "epochs": epochs}
+        if e is None and epochs:
+            res["sampler_error"]["hung"] = False  # it went on, epoch after epoch, short
     finally:
         job.stop_all(graceful=mode == "hk")
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        _result(**res)
+
+
+def scenario_worker_kill(mode: str = "hk", pause: str = "0", delay: str = "0") -> None:
+    """A long epoch (``$HK_TEST_SEED_REPEATS`` times the graph's nodes), the consumer
+    taking ``delay`` s per batch (a training step; slower than the sampling, so the server's
+    ring stays full); after batch ``KILL_AFTER_BATCH`` it pauses ``pause`` s (the ring fills
+    meanwhile), and 0.2 s after that batch the driver SIGKILLs
+    sampling worker 1 on the server. Reports, on one clock (CLOCK_MONOTONIC): when the
+    worker's exit became visible (its pidfd, watched by this driver), when the server's
+    producer observed it (its diagnosis's ``observed_at``) and delivered its last batch,
+    the client's error, and the batches the client got after the kill, the exit and the
+    server's observation (a batch the server delivered just before either is still in
+    flight then: at most the client's prefetch)."""
+    _log_setup()
+    os.environ["HK_TEST_PAUSE_S"] = pause
+    os.environ["HK_TEST_DELAY_S"] = delay
+    job = Job(mode, ["long"])
+    res: dict[str, Any] = {"mode": mode, "seed_repeats": seed_repeats(), "pause": pause,
+                           "delay": delay}  # fmt: skip
+    try:
+        ready = job.wait_for("long", "ready", READY_S)
+        if ready is None:
+            res["error"] = _not_ready(job, "long")
+            return
+        if job.wait_for("long", "mid-epoch", 120) is None:
+            res["error"] = f"the client never got to batch {KILL_AFTER_BATCH}"
+            return
+        time.sleep(0.2)
+        victim = ready[3][1]
+        pidfd = os.pidfd_open(victim)
+        try:
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            readable, _, _ = select.select([pidfd], [], [], 10.0)
+            exited = time.monotonic() if readable else None
+        finally:
+            os.close(pidfd)
+        _say(f"SIGKILLed sampling worker 1 (pid {victim})")
+        e = job.wait_for("long", "lost", 60 if mode == "hk" else HANG_S)
+        out: dict[str, Any] = {"victim": victim, "hung": e is None}
+        if e is not None and e[2] is None:
+            out = {"victim": victim, "hung": False, "finished": True}
+        elif e is not None:
+            err = e[2]
+            times = err.pop("batch_times")
+            known = err.get("observed_at")
+            # the client cannot hear of it before it asks again: timed from its resumption
+            # after the pause, when that came after the kill
+            asked = max(killed, err.get("resumed_at") or killed)
+            # the server's side: when its producer delivered its last batch, against when
+            # it observed the death (negative: every delivery came before)
+            producers = err.get("server_producers") or [{}]
+            last = producers[0].get("last_batch_at")
+            out.update(
+                server_delivered=producers[0].get("delivered"),
+                server_last_delivery_after_known_s=(
+                    None if last is None or known is None else last - known),
+                exit_after_kill_s=None if exited is None else exited - killed,
+                after_asked_s=err["at"] - asked,
+                server_last_delivery_after_exit_s=(
+                    None if last is None or exited is None else last - exited),
+                batches_after_exit=(
+                    None if exited is None else sum(t > exited for t in times)),
+            )  # fmt: skip
+            out.update(
+                type=err["type"], kind=err["kind"], worker_rank=err["worker_rank"],
+                pid=err["pid"], cause=err["cause"], after_kill_s=err["at"] - killed,
+                batches=len(times), batches_after_kill=sum(t > killed for t in times),
+                batches_after_known=None if known is None else sum(t > known for t in times),
+                known_after_kill_s=None if known is None else known - killed,
+                last_batch_after_kill_s=(times[-1] - killed) if times else None,
+                message=err["message"][:2000],
+            )  # fmt: skip
+        res["worker_kill"] = out
+    finally:
+        job.stop_all(graceful=mode == "hk")
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        _result(**res)
+
+
+def scenario_fail_rebuild(
+    cycles: str = "3", server_gc: str = "0", kinds: str = "worker-death,sampler-error"
+) -> None:
+    """A long-lived healthkit_glt server and one client that, ``cycles`` times, builds a
+    loader whose producer fails (``kinds``, in turn: ``worker-death``, one of its sampling
+    workers SIGKILLed after batch 2; ``sampler-error``, its sampler raising in worker 1;
+    ``init-failure``, worker 1 raising during init), gets the error and shuts the loader
+    down (the server then releases the failed producer); after each cycle, the server's
+    fds and named semaphores. The first cycle is always a worker death. ``server_gc=0``:
+    the server runs with the cyclic garbage collector disabled (no collection, forced or
+    automatic), so only what reference counting frees is freed."""
+    _log_setup()
+    os.environ["HK_TEST_CYCLES"] = cycles
+    os.environ["HK_TEST_SERVER_GC"] = server_gc
+    os.environ["HK_TEST_KINDS"] = kinds
+    job = Job("hk", ["rebuild"])
+    res: dict[str, Any] = {"cycles": int(cycles), "server_gc": server_gc}
+    try:
+        if job.wait_for("rebuild", "ready", READY_S) is None:
+            res["error"] = _not_ready(job, "rebuild")
+            return
+        got = job.wait_for("rebuild", "cycles", 120 + 60 * int(cycles))
+        res["per_cycle"] = got[2] if got else [e[2] for e in job.all("rebuild", "cycle")]
+        res["finished"] = got is not None
+    finally:
+        job.stop_all()
         res["orphan_segments_removed"] = len(job.removed_segments)
         _result(**res)
 
@@ -678,6 +909,8 @@ SCENARIOS = {
     "faults": lambda a: scenario_faults(*a),
     "network-loss": lambda a: scenario_network_loss(*a),
     "sampler-error": lambda a: scenario_sampler_error(*a),
+    "worker-kill": lambda a: scenario_worker_kill(*a),
+    "fail-rebuild": lambda a: scenario_fail_rebuild(*a),
     "healthy": lambda a: scenario_healthy(a[0], *(int(x) for x in a[1:2]), *a[2:]),
 }
 

@@ -4,7 +4,10 @@
   process; every cycle must end with the footprint the process had before the first (SysV
   segments, SysV and /dev/shm mappings, /dev/shm names, fds, threads, children);
 - server-client faults: RUNS runs of ``glt_server_scenarios.py faults hk``, each held to
-  the suite's expectations (errors, their times, nothing left).
+  the suite's expectations (errors, their times, nothing left);
+- a long-lived server: CYCLES + 1 failed producers (worker death, sampler error, init
+  failure in turn; ``glt_server_scenarios.py fail-rebuild``), its cyclic GC off: after
+  every cycle its fds and named semaphores are what they were after the first.
 
     .venv-glt/bin/python tests/glt/soak_glt.py 20 5 benchmarks/results/soak-glt-0.2.4.json
 
@@ -38,6 +41,20 @@ def fail_rebuild(cycles: int) -> dict[str, Any]:
     return {"cycles": cycles, "ok": ok, "bad_cycles": bad, "runs": runs,
             "before": r.get("before"), "after": r.get("after"), "rc": run.returncode,
             "left": [run.survivors, run.leaked_segments]}  # fmt: skip
+
+
+def server_fail_rebuild(cycles: int) -> dict[str, Any]:
+    kinds = "worker-death,sampler-error,init-failure"
+    run = ssc.run("fail-rebuild", [str(cycles + 1), "0", kinds], timeout=300 + 60 * cycles)
+    r = run.results[-1] if run.results else {}
+    per = r.get("per_cycle") or []
+    keys = ("fds", "semaphores", "semaphore_files")
+    bad = [i for i, x in enumerate(per)
+           if any(x[k] != per[0][k] for k in keys) or x["outcome"] == "finished"]  # fmt: skip
+    ok = (run.returncode == 0 and len(per) == cycles + 1 and not bad and not run.survivors
+          and not run.leaked_segments)  # fmt: skip
+    return {"cycles": cycles, "ok": ok, "bad_cycles": bad, "per_cycle": per,
+            "rc": run.returncode, "left": [run.survivors, run.leaked_segments]}  # fmt: skip
 
 
 def _fault_ok(r: dict[str, Any]) -> list[str]:
@@ -82,6 +99,10 @@ def main(argv: list[str]) -> int:
     print(f"fail-and-rebuild, {cycles} cycles in one process: "
           f"{'ok' if fr['ok'] else 'BROKEN ' + str(fr['bad_cycles'])}; footprint "
           f"{'unchanged' if fr['ok'] else 'see ' + path}", flush=True)  # fmt: skip
+    sfr = server_fail_rebuild(cycles)
+    print(f"a long-lived server, {cycles} failed producers after the first: "
+          f"{'ok' if sfr['ok'] else 'BROKEN ' + str(sfr['bad_cycles'])}; fds and semaphores "
+          f"{'unchanged' if sfr['ok'] else 'see ' + path}", flush=True)  # fmt: skip
     sc_res = server_client(runs)
 
     def med(key: str, field: str) -> str:
@@ -100,8 +121,8 @@ def main(argv: list[str]) -> int:
              f"{' '.join(argv)}", "glt": hg.glt_version(),
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "seconds": time.monotonic() - t0, "fail_rebuild": fr,
-             "server_client": sc_res}, indent=1)))  # fmt: skip
-    return 0 if fr["ok"] and sc_res["ok"] else 1
+             "server_fail_rebuild": sfr, "server_client": sc_res}, indent=1)))  # fmt: skip
+    return 0 if fr["ok"] and sfr["ok"] and sc_res["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -222,6 +222,16 @@ def _spawn_writer(channel: object, messages: int) -> Any:
     return _spawn(sc._channel_writer, channel, messages, 0, None)
 
 
+def _spawn_lingering_writer(channel: object, messages: int) -> tuple[Any, Any, Any]:
+    """A writer that sends ``messages``, sets ``sent``, and stays alive until ``go`` is set
+    (then exits 0): ``(process, sent, go)``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    sent, go = ctx.Event(), ctx.Event()
+    return _spawn(sc._channel_writer_then_wait, channel, messages, sent, go), sent, go
+
+
 def _spawn_sleeper() -> Any:
     """A live process that never sends: a worker the receiver watches while nothing comes."""
     return _spawn(time.sleep, 60)
@@ -283,7 +293,7 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
 
     before = _segments_of(os.getpid())
     channel = ShmChannel(2, "1MB")
-    writer = _spawn_writer(channel, 50)
+    writer, sent, go = _spawn_lingering_writer(channel, 50)  # sent: kept until the child has it
     receiver = open_receiver(channel, [writer], mode="ring")
     try:
         got = []
@@ -293,6 +303,8 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
             got.append(int(msg["i"][0]))
             del msg
         assert got == list(range(50))
+        assert sent.is_set()
+        go.set()
         msg, ended = receiver.receive()  # nothing more comes: the writer's exit is reported
         assert msg is None and ended[0].poll().returncode == 0
     finally:
@@ -300,6 +312,49 @@ def test_ring_receiver_returns_every_written_message_in_order_then_a_clean_exit(
     del ended, receiver, writer, channel
     gc.collect()
     assert _segments_of(os.getpid()) == before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["ring", "thread"])
+def test_a_known_death_stops_delivery_of_batches_already_written_by_a_survivor(
+    glt_context: None, mode: str
+) -> None:
+    """Server-client mode's late report: a survivor's batches, already written, were
+    delivered until the ring ran empty (seconds, and up to its whole share of an epoch,
+    after the death). Once a worker's exit is known, no batch is delivered: the next
+    receive reports the death. The twin: with both alive, the same written batches come in
+    order."""
+    from graphlearn_torch.channel import QueueTimeoutError, ShmChannel
+    from healthkit_glt._receive import open_receiver
+
+    channel = ShmChannel(4, "1MB")
+    writer, sent, go = _spawn_lingering_writer(channel, 3)
+    victim = _spawn_sleeper()
+    receiver = open_receiver(channel, [writer, victim], mode=mode, poll_ms=50)  # type: ignore[arg-type]
+    try:
+        assert sent.wait(60), "the writer never sent its messages"
+        msg, ended = receiver.receive(timeout=60)  # both alive: delivered
+        assert ended == [] and int(msg["i"][0]) == 0
+        del msg
+        if mode == "thread":  # a result handed over before the death, waiting to be taken
+            with pytest.raises(QueueTimeoutError):
+                receiver.receive(timeout=0.0)  # the request stays pending
+            deadline = time.monotonic() + 60
+            while not receiver._results:  # type: ignore[attr-defined]
+                assert time.monotonic() < deadline, "the receive thread never took message 1"
+                time.sleep(0.01)
+        os.kill(victim.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, victim.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: known
+        assert not channel.empty()  # messages 1 and 2 are written and ready
+        msg, ended = receiver.receive(timeout=60)
+        assert msg is None, f"a survivor's batch {int(msg['i'][0])} came after the death"
+        assert [receiver.ranks[id(w)] for w in ended] == [1]
+        assert ended[0].poll().returncode == -signal.SIGKILL
+    finally:
+        go.set()
+        _end(receiver, writer, victim)
+    del ended, receiver, writer, victim, channel
+    gc.collect()
 
 
 @pytest.mark.timeout(120)

@@ -10,7 +10,9 @@ machine only after the RPC timeout, 180 s by default). A plain TCP connection do
   kernel, so the peer reads end-of-file within milliseconds;
 - a machine or network that is gone stops answering TCP keepalive probes, which both
   kernels send on an idle connection (:func:`set_keepalive`); the connection then fails
-  with ``ETIMEDOUT`` after about ``connection_timeout`` seconds.
+  with ``ETIMEDOUT`` ``connection_timeout`` seconds after the peer's last answer to a
+  probe, which a live idle peer gives every half of it: between half of
+  ``connection_timeout`` and all of it after the loss.
 
 Neither needs the peer's Python to run: a server or client that is alive but busy (its GIL
 held for minutes, stopped in a debugger, swapping) keeps its lease, because its kernel
@@ -74,13 +76,19 @@ def connection_timeout(value: float | None, *, strict: bool = False) -> float:
     return max(2.0, float(seconds))
 
 
+def keepalive_plan(timeout_s: float) -> tuple[int, int, int]:
+    """TCP keepalive's idle time, probe interval and probe count for ``timeout_s``."""
+    idle = max(1, int(timeout_s // 2))
+    interval = max(1, int(timeout_s // 10))
+    count = max(1, int((timeout_s - idle) // interval))
+    return idle, interval, count
+
+
 def set_keepalive(sock: socket.socket, timeout_s: float) -> None:
     """Make the kernel end ``sock`` with ``ETIMEDOUT`` when the peer's machine stays silent
     for about ``timeout_s``: idle half of it, then probes every tenth, until it is used up.
     ``TCP_USER_TIMEOUT`` bounds unacknowledged data the same way (the handshake line)."""
-    idle = max(1, int(timeout_s // 2))
-    interval = max(1, int(timeout_s // 10))
-    count = max(1, int((timeout_s - idle) // interval))
+    idle, interval, count = keepalive_plan(timeout_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
@@ -103,9 +111,15 @@ def why_closed(sock: socket.socket, timeout_s: float) -> str | None:
         return None
     except OSError as e:
         if e.errno == errno.ETIMEDOUT:
+            # The kernel counts the silence from the peer's last answer, and a live idle
+            # peer answers a probe every ``idle`` seconds: the loss itself came between
+            # ``timeout - idle`` and ``timeout`` seconds before this (5-10 s by default).
+            idle = keepalive_plan(timeout_s)[0]
             return (
-                f"it stopped answering TCP keepalive probes for about {timeout_s:g}s (its "
-                "machine or the network is gone)"
+                f"it stopped answering TCP keepalive probes: nothing came from it for "
+                f"{timeout_s:g}s (connection_timeout), so it went silent "
+                f"{max(timeout_s - idle, 0):g}-{timeout_s:g}s before this (its machine or "
+                "the network is gone)"
             )
         return f"its connection failed: {e.strerror or e}"
 

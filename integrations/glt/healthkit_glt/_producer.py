@@ -149,6 +149,21 @@ class SamplingError(HealthkitError, RuntimeError):
         self.raised_at = raised_at
 
 
+def drop_frames(e: BaseException) -> None:
+    """Detach the tracebacks, and so the frames, of ``e`` and of the exceptions chained to
+    it (``__cause__``, ``__context__``): for an exception kept (or chained) after its frames
+    are of no use, whose frames would otherwise keep their locals alive in a cycle."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        x.__traceback__ = None
+        todo += [x.__cause__, x.__context__]
+
+
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
 _atexit_registered = False
 
@@ -384,7 +399,15 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         except BarrierBrokenError as e:
             err = self._with_worker_tracebacks(e)
             self._cleanup_files()
-            raise err from None
+            # The barrier's error holds the frames it was raised through (the barrier's
+            # wait, which holds the error and this producer's teardown), and ``err`` this
+            # frame: reference cycles that kept a failed producer, its semaphores and fds,
+            # until the cyclic GC ran. The message says it all; those frames go.
+            drop_frames(e)
+            try:
+                raise err from None
+            finally:
+                del err
         except BaseException:
             self.shutdown()
             raise

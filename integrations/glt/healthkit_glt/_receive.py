@@ -13,9 +13,14 @@ Two receivers, one interface (:class:`Receiver`):
   (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
   ``poll()`` on a WatchSet of the workers' pidfds, 1 ms at a time (GLT's own cadence), so a
   death ends the wait at once. No thread, no hand-off: each check is two memory reads.
+  A written block is returned only after one ``poll(0)`` of the same set finds no worker
+  ended: once a death is known, no further batch is delivered (the survivors' batches
+  already in the ring would otherwise keep coming until it ran empty: in server-client
+  mode, with a consumer slower than the sampling, a whole epoch's share of them).
 - :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
   below): a helper thread does the blocking ``recv()`` and hands the message over through a
-  pipe, and the caller waits on that pipe and the pidfds (one WatchSet). It costs a thread
+  pipe, and the caller waits on that pipe and the pidfds (one WatchSet); a message handed
+  over is likewise returned only while no worker has ended. It costs a thread
   hand-off per batch, and when a dead worker had claimed a block the thread stays blocked in
   C++ for good; the channel's segment is then marked for removal so it does not outlive the process.
 
@@ -344,13 +349,16 @@ class RingReceiver:
                     # reported sampling error (the flag) is raised before any batch: the
                     # poll() below finds its pipe readable at once.
                     if header[_WRITE_BLOCK_ID] > r and words[sem] and not flag[0]:
-                        return recv(), []
+                        # A written block is delivered only while no worker has ended
+                        # (one poll(0) of the exit set): a death already known stops
+                        # delivery at once. Without this check the survivors' batches
+                        # kept coming until the ring ran empty, seconds (and a whole
+                        # epoch's share of batches) after the death.
+                        if not poll(0) or not (ended := self._ended_or_closed()):
+                            return recv(), []
+                        return None, ended
                     if poll(_RING_WAIT_MS):
-                        if self._closed:
-                            raise RuntimeError(
-                                "the sampling producer was shut down during a receive"
-                            )
-                        if ended := self._exits.ended():
+                        if ended := self._ended_or_closed():
                             return None, ended
                     elif deadline is not None and time.monotonic() >= deadline:
                         raise QueueTimeoutError()
@@ -358,6 +366,13 @@ class RingReceiver:
                 self._receiving = False
                 if self._detach_on_return:
                     self._detach()
+
+    def _ended_or_closed(self) -> list[ProcessWatch]:
+        """After the exit set polled readable: the ended workers (raises if the receiver
+        was closed, or :class:`ErrorReported` for a reported sampling error)."""
+        if self._closed:
+            raise RuntimeError("the sampling producer was shut down during a receive")
+        return self._exits.ended()
 
     def stop(self) -> None:
         pass  # nothing runs between receives
@@ -496,6 +511,10 @@ class ThreadReceiver:
             if self._flag[0]:
                 self._exits.raise_report()
             if self._results:
+                # A result already handed over is delivered only while no worker has
+                # ended: a death already known stops delivery at once (as the ring reader).
+                if self._exits.poll(0) and (ended := self._exits.ended()):
+                    return None, ended
                 ok, value = self._results.popleft()
                 self._pending = False
                 if not ok:

@@ -213,6 +213,9 @@ class RemoteFetcher:
                 why = self._links[i].lease.gone() or "its lease ended"
                 raise self._links[i].lost(why)
             while self._results:
+                # A failure already answered is raised before any batch queued ahead of
+                # it (prefetched answers): once the loader knows, no batch is delivered.
+                self._raise_queued_failure()
                 epoch, i, ok, value = self._results.popleft()
                 if epoch != self._epoch:
                     continue  # an answer to an epoch the caller left
@@ -230,6 +233,16 @@ class RemoteFetcher:
                 raise StopIteration
             self._request_some()
             self._set.wait()  # an answer, or a lease's end
+
+    def _raise_queued_failure(self) -> None:
+        """Raise the first failure among the answers queued for this epoch, if any."""
+        for epoch, i, ok, value in tuple(self._results):  # RPC threads append meanwhile
+            if epoch != self._epoch:
+                continue
+            if not ok:
+                raise self._rpc_failed(i, value)
+            if value[0] == "failed":
+                raise RemoteSamplingError.from_failure(value[1])
 
     def _rpc_failed(self, i: int, error: BaseException) -> RemoteSamplingError:
         """A fetch RPC failed. When the server died, its lease says so within milliseconds

@@ -54,6 +54,7 @@ from healthkit_glt._producer import (
     SamplingError,
     SamplingWorkerDiedError,
     check_producer_kwargs,
+    drop_frames,
     merge_producer_kwargs,
 )
 from healthkit_glt._remote_errors import ServerFailure, ServerHello
@@ -297,7 +298,14 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
     def _record(
         self, producer_id: int, e: SamplingWorkerDiedError | SamplingError
     ) -> ServerFailure:
-        """Turn a producer's failure into the record every fetch of it returns (once)."""
+        """Turn a producer's failure into the record every fetch of it returns (once).
+
+        The producer keeps ``e`` (it raises it again on every use), and ``e``'s traceback
+        holds the frames it was raised through, the producer's own among them: a reference
+        cycle that kept each failed producer, its semaphores and its fds alive until the
+        cyclic GC ran, long after its release. The server never shows that traceback (the
+        clients get the record), so it is dropped here, each time the producer raises."""
+        drop_frames(e)
         with self._lock:
             if (known := self._failures.get(producer_id)) is not None:
                 return known
