@@ -85,6 +85,7 @@ class Cause(enum.Enum):
     BUS_ERROR = "bus error (shared memory)"
     TERMINATED = "terminated or interrupted"
     STILL_RUNNING = "still running"
+    STALLED = "stalled"  # alive, but no progress while progress was expected
     UNKNOWN = "unknown"
 
 
@@ -112,6 +113,9 @@ class Diagnosis:
     #: one (:func:`healthkit.record_exception`): type, message, last frames, and the record
     #: file holding the full traceback.
     exception: HelperException | None = None
+    #: Where a stalled process is stuck: its threads' Python stacks (and native frames when
+    #: py-spy is installed), as text; printed after the line.
+    stacks: str | None = None
 
     @property
     def abnormal(self) -> bool:
@@ -132,6 +136,8 @@ class Diagnosis:
             line += f" [{'; '.join(self.evidence)}]"
         if self.hint:
             line += f". {self.hint}"
+        if self.stacks:
+            line += "\n" + self.stacks.rstrip("\n")
         return line
 
 

@@ -48,6 +48,9 @@ owner -> sidecar
 ``stop``            ``signal``, ``at`` (``CLOCK_MONOTONIC`` seconds): a stop signal reached the
                     owner (sent before the owner consumes its byte)
 ``stopped``         ``pid``, ``start_time``: :func:`healthkit.stop` is about to end it
+``progress``        ``fd``, ``name``, ``who``, ``stall_timeout``: watch a progress page (opened
+                    through ``/proc/<owner>/fd/<fd>``); answered by ``watching``
+``expect``          a wait for progress began while no timer was set: look at the pages
 ``disarm``          exit now
 ==================  =========================================================================
 
@@ -87,11 +90,12 @@ from healthkit._actions import (
     log_diagnosis,
     write_torchelastic_error_file,
 )
-from healthkit._decide import Decision, check_on_clean_exit
+from healthkit._decide import Decision, Verdict, check_on_clean_exit
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._proc import read_pending_signals, read_proc_stat
+from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
 from healthkit._stop import add_stopping_listener, remove_stopping_listener, stop, watch_tree
 from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
@@ -314,6 +318,22 @@ class SidecarLink:
             )
             self._expect("watching")
 
+    def progress(self, watch: ProgressWatch) -> None:
+        """Watch a progress page too (the sidecar maps it through ``/proc``)."""
+        with self._lock:
+            self._send(
+                op="progress",
+                fd=watch.fileno(),
+                name=watch.name,
+                who=watch.who,
+                stall_timeout=watch.stall_timeout,
+            )
+            self._expect("watching")
+
+    def expect(self) -> None:
+        """A wait for progress began and no timer is set: tell the sidecar to look."""
+        self._send_quietly(op="expect")
+
     def status(self, pid: int, status: ExitStatus | None) -> None:
         """Tell the sidecar how ``pid`` ended, as far as the owner knows."""
         self._send_quietly(
@@ -487,6 +507,7 @@ class _Sidecar:
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
+        self.trackers: list[Tracker] = []
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -555,6 +576,11 @@ class _Sidecar:
             self.stopped.add((msg["pid"], msg["start_time"]))
         elif op == "status":
             self.owner_status[msg["pid"]] = ExitStatus(msg["returncode"], msg["source"])
+        elif op == "expect":
+            pass  # on_control wakes the loop, which looks at the untimed pages
+        elif op == "progress":
+            self.open_progress(msg)
+            self.sock.sendall(_line(op="watching"))
         elif op == "watch":
             record = self.open(msg)
             self.sock.sendall(_line(op="watching"))
@@ -585,6 +611,41 @@ class _Sidecar:
         self.by_watch[id(watch)] = record
         self.waits.add(watch)
         return record
+
+    def open_progress(self, msg: dict[str, Any]) -> None:
+        assert self.owner is not None
+        path = f"/proc/{self.owner.pid}/fd/{int(msg['fd'])}"
+        try:
+            tracker = Tracker.open(
+                path, float(msg["stall_timeout"]), str(msg["name"]), str(msg["who"])
+            )
+        except (OSError, ValueError) as e:
+            logger.error(
+                "%s: cannot map the progress page of %s (%s: %s): its stalls are not watched",
+                self.config.get("name"), msg.get("name"), path, e,
+            )
+            return
+        self.trackers.append(tracker)
+
+    def look_progress(self) -> None:
+        """Look at each progress page that is due or not timed yet."""
+        now = time.monotonic()
+        for tracker in self.trackers:
+            if self.done:
+                return
+            if tracker.due is not None and tracker.due > now:
+                continue
+            decision, quiet = tracker.look(
+                now,
+                armed=not self.done,
+                stop=self.episode,
+                stop_grace=float(self.config["stop_grace"]),
+            )
+            if decision.verdict is Verdict.FIRE and quiet is not None and not self.fired:
+                tracker.fired = True
+                self.act(stall_diagnosis(tracker, quiet))
+            elif decision.verdict is Verdict.DEFER:
+                logger.warning("%s stalled; %s", tracker.name, decision.reason)
 
     # ---- what the sidecar knows of its owner
     def episode(self, now: float) -> StopEpisode | None:
@@ -679,10 +740,15 @@ class _Sidecar:
         if self.fired:
             return
         self.fired = True
-        config = self.config
         diagnosis = self.describe(record, status)
         if excused is not None:
             diagnosis = survived_stop_wording(diagnosis, excused)
+        self.act(diagnosis)
+
+    def act(self, diagnosis: Diagnosis) -> None:
+        """Log, write the error file, then stop the owner and its helpers."""
+        self.fired = True
+        config = self.config
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
         for action in (log_diagnosis(), write_torchelastic_error_file()):
             try:
@@ -757,8 +823,15 @@ class _Sidecar:
                 if self.done:
                     return 0
                 due = Judge.next_due(list(self.records.values()))
-                timeout = max(0.0, due - time.monotonic()) if due is not None else None
+                dues = [t.due for t in self.trackers if t.due is not None]
+                if due is not None:
+                    dues.append(due)
+                timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
                 self.note_deaths(self.waits.wait(timeout))
+                if self.trackers and not self.seen and not self.done:
+                    self.look_progress()
+                    if self.done:
+                        return 0
                 if due is not None and time.monotonic() >= due and not self.done:
                     self.read_pending_messages()
                     self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())

@@ -273,6 +273,16 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "proc_root": Case(lambda e: ProcessWatch(e.child.pid, proc_root=None), T),
         "use_pidfd": Case(lambda e: ProcessWatch(e.child.pid, use_pidfd="no"), T),
     },
+    "healthkit.ProgressWatch": {
+        "stall_timeout": [
+            Case(lambda e: healthkit.ProgressWatch(0)),
+            Case(lambda e: healthkit.ProgressWatch(0.01)),
+            Case(lambda e: healthkit.ProgressWatch(NAN)),
+            Case(lambda e: healthkit.ProgressWatch("1"), T),
+        ],
+        "name": Case(lambda e: healthkit.ProgressWatch(1, name=5), T),
+        "who": Case(lambda e: healthkit.ProgressWatch(1, who=5), T),
+    },
     "healthkit.WatchSet": {
         "watches": [Case(lambda e: WatchSet(5), T), Case(lambda e: WatchSet([e.child.pid]), T)],
     },
@@ -463,6 +473,7 @@ CORE_EXEMPT = {
             "Cause",
             "Diagnosis",
             "ExitStatus",
+            "Heartbeat",  # made by ProgressWatch (its .heartbeat), never by the user
             "HelperException",
             "PartyReport",
             "StopReport",
