@@ -104,6 +104,10 @@ def owner(kind: str, method: str, mode: str, stall_timeout: float, where: str) -
         path = os.path.join(where, "nobody-writes")
         os.mkfifo(path)
         target, args = stuck_reading_a_fifo, (watch.heartbeat, path)  # type: ignore[assignment]
+    elif kind in ("slow", "idle"):
+        # slow: one beat every stall_timeout / 2; idle: three beats, then none.
+        gaps = [stall_timeout / 2] * 40 if kind == "slow" else [0.01] * 3
+        target, args = beats_with_gaps, (watch.heartbeat, gaps)  # type: ignore[assignment]
     else:
         target, args = stuck_in_c_holding_the_gil, (watch.heartbeat,)
     helper = ctx.Process(target=target, args=args, name="sampler 0", daemon=True)
@@ -118,6 +122,17 @@ def owner(kind: str, method: str, mode: str, stall_timeout: float, where: str) -
     wd.arm()
     while watch.beats < 3:
         time.sleep(0.01)
+    if kind in ("slow", "idle"):
+        if kind == "slow":
+            with watch.expecting("a batch"):
+                time.sleep(10 * stall_timeout)  # progressing slowly all along
+        else:
+            time.sleep(4 * stall_timeout)  # nobody waits
+        wd.disarm()
+        print(f"not fired after {watch.beats} beats", flush=True)
+        helper.kill()
+        helper.join()
+        return
     print(f"waiting {time.monotonic()}", flush=True)
     with watch.expecting("a batch"):
         time.sleep(30)  # the batch never comes

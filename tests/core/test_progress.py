@@ -92,6 +92,19 @@ def test_a_stalled_helper_fails_the_owner_with_the_stuck_threads_stack(
 
 
 # ----------------------------------------------------------------------------- never fires
+@pytest.mark.parametrize("mode", ["thread", "sidecar"])
+@pytest.mark.parametrize("kind", ["slow", "idle"])
+def test_slow_progress_and_idleness_never_fire_in_either_mode(
+    kind: str, mode: str, tmp_path: Path
+) -> None:
+    rc, out, err = _run_owner(kind, "fork", mode, tmp_path)
+    report = f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc == 0, report
+    assert "not fired after" in out and "stalled" not in err, report
+    beats = int(re.search(r"after (\d+) beats", out).group(1))  # type: ignore[union-attr]
+    assert beats >= (15 if kind == "slow" else 3), report
+
+
 @pytest.fixture
 def fired() -> list[tuple[float, FailureEvent]]:
     return []
