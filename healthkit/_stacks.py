@@ -29,7 +29,11 @@ the kernel hands a process-directed signal to a thread that does not block it, s
 faulthandler's C handler runs in the dumper, writes every thread's stack (it needs no GIL:
 this works while another thread holds it in a C call) and the dumper's ``read()`` is
 restarted. The other threads never see the signal. Threads started *before* the opt-in keep
-it unblocked and could still be chosen, so opt in at the start of the helper.
+it unblocked and could still be chosen, so opt in at the start of the helper. A forked child
+takes the signal again in its one thread (as without the quiet opt-in); a program the helper
+executes afterwards (``subprocess``, a spawned Python) starts with it blocked, as signal masks
+are inherited across ``exec``: healthkit's own opt-ins in it unblock it, another program that
+relies on SIGUSR2 must unblock it itself.
 """
 
 from __future__ import annotations
@@ -295,9 +299,12 @@ def _withdraw(path: str, f: IO[str], signum: int) -> None:
 
 def _forget_after_fork() -> None:
     # A forked child inherits the handler but not the identity: its pid has no file; and not
-    # the dumper thread (the forking thread keeps the signal blocked: a late request stays
-    # pending, harmless, until the child opts in itself and takes it again).
+    # the dumper thread, so its one thread takes the signal again.
     _open_files.clear()
+    for sig in _quiet:
+        # As before the quiet opt-in: a forked child takes the signal in its one thread.
+        with contextlib.suppress(ValueError, OSError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
     _quiet.clear()
     for pipe in _dumper_pipes:
         for fd in pipe:

@@ -144,3 +144,25 @@ if __name__ == "__main__":
     from progress_helpers import owner as _owner  # importable by name for spawn children
 
     _owner(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5])
+
+
+def _usr2_blocked() -> bool:
+    import signal
+
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("SigBlk:"):
+                return bool((int(line.split()[1], 16) >> (signal.SIGUSR2 - 1)) & 1)
+    raise AssertionError("no SigBlk")
+
+
+def attach_then_fork(hb: object, out: object) -> None:
+    """Where SIGUSR2 is blocked after attach(): this thread, and a forked child's thread."""
+    hb.attach()  # type: ignore[attr-defined]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"1" if _usr2_blocked() else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    out.put((_usr2_blocked(), os.read(r, 1) == b"1"))  # type: ignore[attr-defined]

@@ -370,3 +370,24 @@ def test_the_example_fails_with_the_deadlocked_fetchers_stacks(tmp_path: Path) -
     ), report
     assert "Python stacks of feature fetcher" in proc.stderr, report
     assert "in refresh_index" in proc.stderr and "in fetch_features" in proc.stderr, report
+
+
+def test_attach_blocks_the_dump_signal_in_the_helper_and_a_forked_child_takes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from progress_helpers import attach_then_fork
+
+    monkeypatch.setenv("HEALTHKIT_RECORD_DIR", str(tmp_path))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with ProgressWatch(5) as watch:
+        p = ctx.Process(target=attach_then_fork, args=(watch.heartbeat, out))
+        p.start()
+        try:
+            helper_blocks, child_blocks = out.get(timeout=30)
+        finally:
+            p.join(10)
+            out.close()
+            out.join_thread()
+    assert helper_blocks is True  # the dumper thread takes it instead
+    assert child_blocks is False  # no dumper there: its one thread takes it, as before
