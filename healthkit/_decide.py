@@ -214,8 +214,17 @@ def decide_stall(
         check_bool(flag, what)
     check_seconds(stall_timeout, "stall_timeout")
     check_seconds(stop_grace, "stop_grace")
-    if quiet_for is not None:
-        check_seconds(quiet_for, "quiet_for")
+    if quiet_for is not None and (
+        isinstance(quiet_for, bool)
+        or not isinstance(quiet_for, (int, float))
+        or not math.isfinite(quiet_for)
+        or quiet_for < 0
+    ):
+        # Not check_seconds: a wait may honestly last longer than any timeout the OS takes.
+        raise InvalidArgumentTypeError(
+            f"quiet_for must be a finite number of seconds >= 0 or None, got {quiet_for!r}",
+            "quiet_for",
+        )
     if stop is not None and not isinstance(stop, StopEpisode):
         raise InvalidArgumentTypeError(
             f"stop must be a StopEpisode or None, got {stop!r}", "stop"

@@ -248,6 +248,8 @@ class ProgressWatch:
                 return
             self._closed = True
             self._pokes = ()
+            self._depth = 0
+            self._v[_SINCE] = 0  # closed while waiting: a watcher still looking sees idle
         with contextlib.suppress(Exception):
             self._v.release()
             self.heartbeat._v.release()
@@ -286,7 +288,10 @@ class Tracker:
 
     @classmethod
     def of(cls, watch: ProgressWatch) -> Tracker:
-        return cls(watch._v, watch.stall_timeout, watch.name, watch.who)
+        """A tracker with its own mapping of the page: the owner may close its watch (and
+        its mapping) while a watcher still looks."""
+        mm, view = _map(watch.fileno())
+        return cls(view, watch.stall_timeout, watch.name, watch.who, mm=mm)
 
     @classmethod
     def open(cls, path: str, stall_timeout: float, name: str, who: str) -> Tracker:

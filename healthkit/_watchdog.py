@@ -349,12 +349,16 @@ class DisarmableWatchdog:
         progress.add_poke(self._poke_watcher)
         self._poke_watcher()
 
-    def _stop_progress(self, link: SidecarLink | None) -> None:
+    def _stop_progress(self, link: SidecarLink | None) -> list[Tracker]:
+        """Stop the pokes; returns the trackers, for the caller to close once the watcher
+        thread no longer reads them."""
         for progress in self._progress:
             progress.remove_poke(self._poke_watcher)
             if link is not None:
                 progress.remove_poke(link.expect)
+        trackers = list(self._trackers.values())
         self._trackers.clear()
+        return trackers
 
     def _poke_watcher(self) -> None:
         watch_set = self._set
@@ -477,12 +481,15 @@ class DisarmableWatchdog:
             thread, self._thread = self._thread, None
             watch_set, self._set = self._set, None
             sidecar, self._sidecar = self._sidecar, None
-            self._stop_progress(sidecar)
+            trackers = self._stop_progress(sidecar)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            for tracker in trackers:
+                tracker.close()
         if watch_set is not None:
             watch_set.close()
         if sidecar is not None:
@@ -702,7 +709,8 @@ class DisarmableWatchdog:
             self._set.remove_fd(link.fileno())  # its log relay, if any: closed next
         link.close()
         with self._lock:
-            self._stop_progress(link)
+            for tracker in self._stop_progress(link):
+                tracker.close()
             for progress in self._progress:
                 self._start_progress(progress)
         for r in list(self._records.values()):

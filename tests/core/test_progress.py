@@ -391,3 +391,24 @@ def test_attach_blocks_the_dump_signal_in_the_helper_and_a_forked_child_takes_it
             out.join_thread()
     assert helper_blocks is True  # the dumper thread takes it instead
     assert child_blocks is False  # no dumper there: its one thread takes it, as before
+
+
+def test_closing_a_watch_while_watched_is_idle_and_deaths_still_fire(
+    fired: list[tuple[float, FailureEvent]], helper_of: list[mp.process.BaseProcess]
+) -> None:
+    watch = ProgressWatch(T)
+    helper = _start(helper_of, watch, [])
+    with _watchdog(fired) as wd:
+        wd.watch(helper)
+        wd.watch_progress(watch)
+        watch.begin("a batch")
+        watch.close()  # while expected, before the timeout
+        time.sleep(2 * T)
+        assert fired == []  # a closed watch is idle, and the watcher did not break
+        assert wd.armed and wd.error is None
+        helper.kill()
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(fired) == 1
+    assert fired[0][1].diagnosis.cause is not healthkit.Cause.STALLED
