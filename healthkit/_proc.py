@@ -23,6 +23,7 @@ __all__ = [
     "read_peak_rss",
     "read_pending_signals",
     "read_proc_stat",
+    "TaskWait",
     "read_task_wait",
     "status_ids",
 ]

@@ -47,8 +47,15 @@ import attrs
 
 from healthkit._decide import Decision, Verdict, decide_stall
 from healthkit._diagnosis import Cause, Diagnosis
-from healthkit._errors import InvalidArgumentError, check_bool, check_str, check_timeout
-from healthkit._proc import read_proc_stat, read_task_wait
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_callable,
+    check_str,
+    check_timeout,
+)
+from healthkit._proc import TaskWait, read_proc_stat, read_task_wait
 from healthkit._stopsignals import StopEpisode
 
 __all__ = ["Heartbeat", "ProgressWatch", "Tracker", "stall_diagnosis"]
@@ -223,6 +230,35 @@ class ProgressWatch:
         return int(self._v[_BEATS])
 
     @property
+    def last_beat(self) -> float | None:
+        """When the helper last beat (``time.monotonic()`` seconds), or ``None``."""
+        last = int(self._v[_LAST])
+        return last / _NS if last else None
+
+    def diagnose(
+        self,
+        quiet_for: float,
+        *,
+        dump: Callable[[list[int]], dict[int, str | None]] | None = None,
+    ) -> Diagnosis:
+        """The stall report of this watch's helper now, for a caller that decides stalls
+        itself (``healthkit.lowlevel.decide_stall``): who waited for what, the helper's
+        state, what it is blocked on and its stacks. ``quiet_for``: the seconds without
+        progress to report; ``dump``: reads the stacks where the helper opted in to stack
+        dumps, if not in healthkit's record directory."""
+        if isinstance(quiet_for, bool) or not isinstance(quiet_for, (int, float)):
+            raise InvalidArgumentTypeError(
+                f"quiet_for must be a number of seconds, got {quiet_for!r}", "quiet_for"
+            )
+        if dump is not None:
+            check_callable(dump, "dump")
+        tracker = Tracker.of(self)
+        try:
+            return stall_diagnosis(tracker, float(quiet_for), dump=dump)
+        finally:
+            tracker.close()
+
+    @property
     def helper_pid(self) -> int | None:
         """The pid of the helper that called :meth:`Heartbeat.attach`, if one did."""
         pid = int(self._v[_PID])
@@ -385,13 +421,36 @@ def _py_spy(pid: int) -> str | None:
     return out.stdout.strip() or None
 
 
+#: Up to this many threads are listed one by one; beyond, the main thread and a count of
+#: the others by state and call (a sampler has dozens of RPC and event-loop threads).
+_LISTED_THREADS = 4
+
+
+def _describe_threads(tasks: list[TaskWait]) -> list[str]:
+    if len(tasks) <= _LISTED_THREADS:
+        return [t.describe() for t in tasks]
+    counts: dict[str, int] = {}
+    for t in tasks[1:]:
+        call = (t.syscall or "?").partition("(")[0]
+        key = f"{t.state} in {call}"
+        counts[key] = counts.get(key, 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [tasks[0].describe(), f"{len(tasks) - 1} other threads: {summary}"]
+
+
 def stall_diagnosis(
-    tracker: Tracker, quiet: float, *, evidence: bool = True, stack_timeout: float = 2.0
+    tracker: Tracker,
+    quiet: float,
+    *,
+    evidence: bool = True,
+    stack_timeout: float = 2.0,
+    dump: Callable[[list[int]], dict[int, str | None]] | None = None,
 ) -> Diagnosis:
     """The report of a stall: who waited for what, for how long; the helper's state (each
     thread's state, wait channel and system call, with the file a read is blocked on) and,
     with ``evidence``, its Python stacks (a helper that attached with ``stacks=True``; not
-    interrupted) and native frames when py-spy is installed."""
+    interrupted; ``dump`` reads them where the helper opted in, by default healthkit's
+    record directory) and native frames when py-spy is installed."""
     helper = tracker.helper
     pid = helper[0] if helper else None
     last = tracker.last_beat
@@ -412,7 +471,7 @@ def stall_diagnosis(
             from healthkit._stacks import DUMPER_COMM
 
             tasks = [t for t in read_task_wait(pid) or [] if t.comm != DUMPER_COMM]
-            facts.extend(t.describe() for t in tasks)
+            facts.extend(_describe_threads(tasks))
             if tasks:
                 main = tasks[0]
                 likely = f"it is alive and blocked: state {main.state}" + (
@@ -421,7 +480,10 @@ def stall_diagnosis(
             from healthkit._stacks import dump_stacks
             from healthkit._userdir import record_dir
 
-            dumped = dump_stacks(record_dir(), [pid], timeout=stack_timeout).get(pid)
+            if dump is None:
+                dumped = dump_stacks(record_dir(), [pid], timeout=stack_timeout).get(pid)
+            else:  # the helper opted in elsewhere (a BoundedBarrier's directory)
+                dumped = dump([pid]).get(pid)
             parts = []
             if dumped:
                 parts.append(f"Python stacks of {tracker.name} (pid {pid}):\n{dumped.strip()}")

@@ -144,10 +144,14 @@ def enable_private_stack_dumps(directory: str) -> str | None:
 def enable_quiet_stack_dumps(directory: str) -> bool:
     """:func:`enable_private_stack_dumps`, answered by a dumper thread so that a dump never
     interrupts what the other threads are doing (see the module's docstring). Call it from
-    the helper's main thread before it starts threads. Returns whether this process now
+    the helper's main thread before it starts threads. A process that already opted in
+    (anywhere) keeps that opt-in, now answered quietly. Returns whether this process now
     answers dumps that way: ``False`` when the application handles SIGUSR2 itself."""
-    path = stack_file(directory, os.getpid())
-    if path not in _open_files and enable_private_stack_dumps(directory) is None:
+    if any(sig == int(DEFAULT_SIGNAL) for _, sig in _open_files.values()):
+        # Already opted in (a BoundedBarrier's worker, record_exception): answer that
+        # opt-in quietly; a second registration would take the signal from it.
+        return _start_dumper(DEFAULT_SIGNAL)
+    if enable_private_stack_dumps(directory) is None:
         return False
     return _start_dumper(DEFAULT_SIGNAL)
 

@@ -8,7 +8,7 @@ readers, and the log flush to call before ``os._exit``.
 
 from healthkit._actions import flush_logging
 from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
-from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
+from healthkit._decide import Decision, OnCleanExit, Verdict, decide, decide_stall, stop_like
 from healthkit._errors import (
     MAX_TIMEOUT_S,
     check_bool,
@@ -47,6 +47,7 @@ __all__ = [
     "children",
     "current_episode",
     "decide",
+    "decide_stall",
     "descendants",
     "die_with_parent",
     "dump_stacks",

@@ -387,6 +387,20 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "owner_exiting": Case(lambda e: lowlevel.decide(None, armed=True, owner_exiting=0), T),
         "owner_gone": Case(lambda e: lowlevel.decide(None, armed=True, owner_gone=None), T),
     },
+    "healthkit.lowlevel.decide_stall": {
+        "quiet_for": [Case(lambda e: lowlevel.decide_stall("1", stall_timeout=1, armed=True), T),
+                      Case(lambda e: lowlevel.decide_stall(-1, stall_timeout=1, armed=True), T)],
+        "stall_timeout": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=-1, armed=True)),
+        "armed": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=1), T),
+        "stop": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, stop=1.0), T),
+        "stop_grace": Case(
+            lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, stop_grace=NAN)
+        ),
+        "now": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, now="0"), T),
+        "owner_exiting": Case(
+            lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, owner_exiting=0), T
+        ),
+    },
     "healthkit.lowlevel.die_with_parent": {
         "parent_pid": Case(lambda e: lowlevel.die_with_parent("1"), T),
         "sig": Case(lambda e: lowlevel.die_with_parent(os.getppid(), sig=99999)),

@@ -335,6 +335,13 @@ def test_bad_input_is_refused_with_typed_errors() -> None:
             ProgressWatch(0.01)
         with pytest.raises(TypeError):
             ProgressWatch(True)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentTypeError, match="quiet_for"):
+            watch.diagnose("1")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentTypeError, match="dump"):
+            watch.diagnose(1.0, dump=5)  # type: ignore[arg-type]
+        report = watch.diagnose(1.5)  # nobody attached: says so, reads nothing
+        assert report.cause is healthkit.Cause.STALLED and report.pid is None
+        assert "no helper attached" in report.likely
 
 
 def test_expecting_nests_and_reports_what_is_awaited() -> None:
