@@ -95,7 +95,7 @@ def owner(kind: str, method: str, mode: str, stall_timeout: float, where: str) -
     import healthkit
     from healthkit import actions
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(created).3f %(levelname)s %(message)s")
     ctx = mp.get_context(method)
     watch = healthkit.ProgressWatch(stall_timeout, name="sampler 0", who="rank 0")
     if kind == "locks":
@@ -133,7 +133,7 @@ def owner(kind: str, method: str, mode: str, stall_timeout: float, where: str) -
         helper.kill()
         helper.join()
         return
-    print(f"waiting {time.monotonic()}", flush=True)
+    print(f"waiting {time.monotonic()} {time.time()}", flush=True)
     with watch.expecting("a batch"):
         time.sleep(30)  # the batch never comes
     print("not fired", flush=True)

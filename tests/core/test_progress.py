@@ -89,6 +89,10 @@ def test_a_stalled_helper_fails_the_owner_with_the_stuck_threads_stack(
     else:
         assert rc in (-signal.SIGTERM, -signal.SIGKILL), report
         assert "stopping the owner" in err, report
+        # The sidecar's report line is stamped after the stacks were read (tens of ms).
+        waiting_wall = float(re.search(r"waiting \S+ (\S+)", out).group(1))  # type: ignore[union-attr]
+        logged = float(re.search(r"^(\S+) ERROR .* stalled: ", err, re.M).group(1))  # type: ignore[union-attr]
+        assert T - 0.05 <= logged - waiting_wall <= FIRE_BOUND + 0.5, report
 
 
 # ----------------------------------------------------------------------------- never fires
@@ -419,3 +423,33 @@ def test_closing_a_watch_while_watched_is_idle_and_deaths_still_fire(
             time.sleep(0.01)
     assert len(fired) == 1
     assert fired[0][1].diagnosis.cause is not healthkit.Cause.STALLED
+
+
+@pytest.mark.timeout(60)
+def test_healthkit_stacks_reads_an_attached_helper_without_ending_its_libc_sleep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`healthkit stacks <pid>` uses the same quiet dump: the helper's sleep(3) runs to its
+    end, and the thread states from /proc come with the stacks."""
+    monkeypatch.setenv("HEALTHKIT_RECORD_DIR", str(tmp_path))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with ProgressWatch(5) as watch:
+        p = ctx.Process(target=sleeps_in_libc, args=(watch.heartbeat, 3, out))
+        p.start()
+        try:
+            assert out.get(timeout=30)[0] == "ready"
+            time.sleep(0.3)
+            cli = subprocess.run(
+                [sys.executable, "-m", "healthkit", "stacks", str(p.pid), "--timeout", "10"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            assert cli.returncode == 0, cli.stderr
+            assert re.search(rf"=== pid {p.pid} \(\S+\):\n  thread {p.pid} \(\S+\): state S, "
+                             r"in clock_nanosleep", cli.stdout), cli.stdout
+            assert "in sleeps_in_libc" in cli.stdout and "returned early" not in cli.stdout
+            assert out.get(timeout=10) == ("returned", 0)  # slept its full 3 s
+        finally:
+            p.join(10)
+            out.close()
+            out.join_thread()
