@@ -147,6 +147,7 @@ def enable_quiet_stack_dumps(directory: str) -> bool:
     the helper's main thread before it starts threads. A process that already opted in
     (anywhere) keeps that opt-in, now answered quietly. Returns whether this process now
     answers dumps that way: ``False`` when the application handles SIGUSR2 itself."""
+    directory = path_arg(directory, "directory")
     if any(sig == int(DEFAULT_SIGNAL) for _, sig in _open_files.values()):
         # Already opted in (a BoundedBarrier's worker, record_exception): answer that
         # opt-in quietly; a second registration would take the signal from it.

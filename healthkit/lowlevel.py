@@ -23,7 +23,7 @@ from healthkit._errors import (
 )
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
-from healthkit._stacks import dump_stacks, enable_stack_dumps
+from healthkit._stacks import dump_stacks, enable_quiet_stack_dumps, enable_stack_dumps
 from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "descendants",
     "die_with_parent",
     "dump_stacks",
+    "enable_quiet_stack_dumps",
     "enable_stack_dumps",
     "env_seconds",
     "flush_logging",

@@ -401,6 +401,9 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
             lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, owner_exiting=0), T
         ),
     },
+    "healthkit.lowlevel.enable_quiet_stack_dumps": {
+        "directory": Case(lambda e: lowlevel.enable_quiet_stack_dumps(5), T),  # type: ignore[arg-type]
+    },
     "healthkit.lowlevel.die_with_parent": {
         "parent_pid": Case(lambda e: lowlevel.die_with_parent("1"), T),
         "sig": Case(lambda e: lowlevel.die_with_parent(os.getppid(), sig=99999)),
