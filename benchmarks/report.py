@@ -25,6 +25,8 @@ SECTIONS: dict[str, ModuleType] = {
 }
 
 DOCS_LINKS = {
+    "docs/benchmarks-progress.md": "Progress watch: the cost of a beat, wake-ups per watch, "
+    "stall to action",
     "docs/benchmarks-glt.md": "GLT (graphlearn-torch) figures",
     "docs/graphlearn.md": "graph-learn (tzrec sampler server) integration and figures",
     "docs/glt.md": "GLT integration guide",

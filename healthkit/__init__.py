@@ -1,7 +1,8 @@
 """healthkit: notice a dead helper process in milliseconds, fail the job in seconds, say why.
 
 The four pieces (:class:`ProcessWatch`/:class:`WatchSet`, :class:`ExitDiagnoser`,
-:class:`DisarmableWatchdog`, :class:`BoundedBarrier`), the one way to stop processes
+:class:`DisarmableWatchdog`, :class:`BoundedBarrier`), the progress watch for helpers that
+live but stall (:class:`ProgressWatch`/:class:`Heartbeat`), the one way to stop processes
 (:func:`stop`), the helper side (:func:`record_exception`, :func:`dump_helper_stacks`), their
 value types and their errors live here. Watchdog actions are in
 :mod:`healthkit.actions`; the plumbing under them in :mod:`healthkit.lowlevel`. The modules
@@ -33,6 +34,7 @@ from healthkit._errors import (
     ProcessNotStartedError,
     WatchClosedError,
 )
+from healthkit._progress import Heartbeat, ProgressWatch
 from healthkit._records import HelperException, record_exception
 from healthkit._sidecar import SidecarError
 from healthkit._stacks import dump_helper_stacks
@@ -52,6 +54,7 @@ __all__ = [
     "ExitDiagnoser",
     "ExitStatus",
     "HealthkitError",
+    "Heartbeat",
     "HelperException",
     "InterpreterShutdownError",
     "InvalidArgumentError",
@@ -61,6 +64,7 @@ __all__ = [
     "ProcessDiedError",
     "ProcessNotStartedError",
     "ProcessWatch",
+    "ProgressWatch",
     "SidecarError",
     "StopReport",
     "WatchClosedError",

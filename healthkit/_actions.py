@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import attrs
 
 from healthkit import _jobnotice
-from healthkit._diagnosis import Diagnosis
+from healthkit._diagnosis import Cause, Diagnosis
 from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -226,8 +226,10 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
     failure summary, so the diagnosis goes there too.
     """
     d = event.diagnosis
+    # A stalled helper's stacks go last, after the fields they explain.
+    head = f"{event.watchdog_name}: {attrs.evolve(d, stacks=None)}" if d.stacks else event.message
     text = (
-        f"{event.message}\n"
+        f"{head}\n"
         f"  cause: {d.cause.value}; exit code: {d.exit_code}; "
         f"signal: {d.signal.name if d.signal else None}\n"
         + "".join(f"  evidence: {e}\n" for e in d.evidence)
@@ -241,9 +243,12 @@ def error_file_payload(event: FailureEvent) -> dict[str, object]:
             first, *source = frame.splitlines() or [""]
             text += f"    {first.strip()}\n" + "".join(f"      {s.strip()}\n" for s in source)
         text += f"  {d.exception.summary}\n"
+    if d.stacks:
+        text += d.stacks.rstrip("\n") + "\n"
+    label = "stalled helper" if d.cause is Cause.STALLED else ProcessDiedError.__name__
     return {
         "message": {
-            "message": f"{ProcessDiedError.__name__}: {event.message}",
+            "message": f"{label}: {head}",
             "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
         }
     }

@@ -137,6 +137,27 @@ def main(argv: list[str] | None = None) -> int:
 _LISTED_BELOW = 10
 
 
+def _where(pid: int) -> str:
+    """Each thread's state and blocked call from /proc, and whether the dump reached the
+    process without interrupting it (a dumper thread) or on one of its own threads."""
+    import signal
+
+    from healthkit._proc import read_task_wait, read_threads
+    from healthkit._progress import _describe_threads
+    from healthkit._stacks import DUMPER_COMM
+
+    tasks = [t for t in read_task_wait(pid) or [] if t.comm != DUMPER_COMM]
+    lines = [f"  {line}" for line in _describe_threads(tasks)]
+    main = (read_threads(pid) or {}).get(pid)
+    if main is not None and not (main[1] >> (signal.SIGUSR2 - 1)) & 1:
+        lines.append(
+            "  (answered on one of its own threads: a C call in sleep(), poll() or select() "
+            "there may have returned early; healthkit.Heartbeat.attach() in the helper makes "
+            "dumps quiet)"
+        )
+    return "".join(f"{line}\n" for line in lines)
+
+
 def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | None,
                   timeout: float) -> int:
     """Print each process's stacks; exit 1 when none answered (nothing to show)."""
@@ -162,7 +183,7 @@ def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | No
         stat = read_proc_stat(pid)
         who = f"pid {pid}" + (f" ({stat.comm})" if stat is not None else " (gone)")
         if text is not None:
-            print(f"=== {who}:\n{text.rstrip()}")
+            print(f"=== {who}:\n{_where(pid)}{text.rstrip()}")
         elif is_opted_in(directory, pid):
             print(f"=== {who}: opted in, but did not answer within {timeout:g} s")
         elif pids is not None and pid not in given:

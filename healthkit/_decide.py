@@ -30,7 +30,15 @@ from healthkit._errors import (
 from healthkit._stopsignals import STOP_SIGNALS, StopEpisode
 from healthkit._watch import ExitStatus
 
-__all__ = ["Decision", "OnCleanExit", "Verdict", "check_on_clean_exit", "decide", "stop_like"]
+__all__ = [
+    "Decision",
+    "OnCleanExit",
+    "Verdict",
+    "check_on_clean_exit",
+    "decide",
+    "decide_stall",
+    "stop_like",
+]
 
 #: What an exit 0 while armed means for one watched process: "fail" (it was meant to run
 #: until disarmed: returning early leaves its clients waiting), "warn" (log it, do not act)
@@ -178,3 +186,68 @@ def decide(
         f"{stop.began + stop_grace - now:.1f}s from now",
         until=stop.began + stop_grace,
     )
+
+
+def decide_stall(
+    quiet_for: float | None,
+    *,
+    stall_timeout: float,
+    armed: bool,
+    stop: StopEpisode | None = None,
+    stop_grace: float = 30.0,
+    now: float = 0.0,
+    owner_exiting: bool = False,
+) -> Decision:
+    """The firing decision for one look at a progress watch (the twin of :func:`decide` for a
+    helper that lives but does not progress).
+
+    - ``quiet_for`` ``None`` (nobody expects progress: idle between epochs, a checkpoint):
+      keep watching, with no deadline;
+    - disarmed, or this process exiting: ignore;
+    - no progress for less than ``stall_timeout``: keep watching until it would be;
+    - a stop of this process under way (``stop`` began less than ``stop_grace`` before
+      ``now``): a helper that stopped working because it is being stopped is not stalled;
+      decided again when the episode ends (``until``), and reported then if still stalled;
+    - otherwise: fire.
+    """
+    for what, flag in (("armed", armed), ("owner_exiting", owner_exiting)):
+        check_bool(flag, what)
+    check_seconds(stall_timeout, "stall_timeout")
+    check_seconds(stop_grace, "stop_grace")
+    if quiet_for is not None and (
+        isinstance(quiet_for, bool)
+        or not isinstance(quiet_for, (int, float))
+        or not math.isfinite(quiet_for)
+        or quiet_for < 0
+    ):
+        # Not check_seconds: a wait may honestly last longer than any timeout the OS takes.
+        raise InvalidArgumentTypeError(
+            f"quiet_for must be a finite number of seconds >= 0 or None, got {quiet_for!r}",
+            "quiet_for",
+        )
+    if stop is not None and not isinstance(stop, StopEpisode):
+        raise InvalidArgumentTypeError(
+            f"stop must be a StopEpisode or None, got {stop!r}", "stop"
+        )
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise InvalidArgumentTypeError(f"now must be a finite number, got {now!r}", "now")
+    if not armed:
+        return Decision(Verdict.IGNORE, "the watchdog is disarmed")
+    if quiet_for is None:
+        return Decision(Verdict.KEEP_WATCHING, "no progress is expected (idle)")
+    if owner_exiting:
+        return Decision(Verdict.IGNORE, "this process is exiting")
+    if quiet_for < stall_timeout:
+        return Decision(
+            Verdict.KEEP_WATCHING,
+            "progressing",
+            until=now + (stall_timeout - quiet_for),
+        )
+    if stop is not None and stop.began <= now < stop.began + stop_grace:
+        return Decision(
+            Verdict.DEFER,
+            f"no progress while this process is being stopped ({stop.describe(now)}); "
+            f"reported if it is still stalled {stop.began + stop_grace - now:.1f}s from now",
+            until=stop.began + stop_grace,
+        )
+    return Decision(Verdict.FIRE, f"no progress for {quiet_for:.1f} s while expected")

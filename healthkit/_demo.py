@@ -31,11 +31,13 @@ from healthkit._stop import stop
 from healthkit._watch import ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
 
-SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init", "two-nodes")
+SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init", "helper-stall",
+             "two-nodes")
 COLLECTIVE_TIMEOUT_S = 1800.0  # NCCL's default, and what the stuck rank would wait for
 SERVER_MEMORY_LIMIT = 256 * 1024 * 1024
 INIT_TIMEOUT_ENV = "SAMPLING_RPC_INIT_TIMEOUT_SECONDS"  # the demo's knob, GiGL-style
 INIT_TIMEOUT_DEFAULT_S = 2.0  # x 3 = a 6 s init bound (GiGL: 3 x 600 s)
+STALL_TIMEOUT_S = 2.0  # the demo's progress bound (a real sampler: 30 to 300 s)
 
 
 # ---------------------------------------------------------------------------- the job
@@ -82,6 +84,72 @@ def _rank(rank: int, guarded: bool, barrier: Any, log_path: str, info: Any,
     while True:  # the training loop
         if queue is not None:
             queue.get()  # a batch from the server: blocks forever once it is dead
+        barrier.wait(COLLECTIVE_TIMEOUT_S)  # the collective (all_reduce)
+
+
+def refresh_neighbour_cache(cache: Any, index: Any) -> None:
+    """The server's cache refresher: takes the index, then the cache."""
+    with index:
+        time.sleep(0.1)
+        with cache:
+            pass
+
+
+def _stalling_server(queue: Any, heartbeat: Any, stalled_at: Any) -> None:
+    """Feeds batches, then deadlocks: its refresher takes two locks in the opposite order to
+    the sampling loop. Alive, silent, holding everything up."""
+    import threading
+
+    if heartbeat is not None:
+        heartbeat.attach()  # its stacks are readable without interrupting it
+    cache, index = threading.Lock(), threading.Lock()
+    for i in range(100_000):
+        if i == 20:
+            threading.Thread(
+                target=refresh_neighbour_cache, args=(cache, index), daemon=True
+            ).start()
+            stalled_at.value = time.monotonic()
+            with cache:
+                time.sleep(0.1)
+                with index:  # deadlock: the refresher holds index and waits for cache
+                    pass
+        queue.put(i)
+        if heartbeat is not None:
+            heartbeat.beat()
+        time.sleep(0.05)
+
+
+def _stall_rank(rank: int, guarded: bool, barrier: Any, log_path: str, info: Any,
+                stalled_at: Any) -> None:
+    _quiet(log_path)
+    queue = None
+    watch = None
+    if rank == 0:
+        from healthkit._progress import ProgressWatch
+
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        watch = ProgressWatch(STALL_TIMEOUT_S, name="sampler-server", who="rank 0") if guarded \
+            else None
+        server = ctx.Process(
+            target=_stalling_server,
+            args=(queue, watch.heartbeat if watch is not None else None, stalled_at),
+            name="sampler-server",
+            daemon=True,
+        )
+        server.start()
+        info.value = server.pid
+        if watch is not None:
+            watchdog = DisarmableWatchdog([server])
+            watchdog.watch_progress(watch)
+            watchdog.arm()
+    while True:  # the training loop
+        if queue is not None:
+            if watch is not None:
+                with watch.expecting("a batch"):
+                    queue.get()
+            else:
+                queue.get()  # blocks forever once the server is stuck
         barrier.wait(COLLECTIVE_TIMEOUT_S)  # the collective (all_reduce)
 
 
@@ -272,6 +340,45 @@ def _run_server_scenario(guarded: bool, hang_timeout: float, console: Console,
                 _kill_group(p.pid)
 
 
+def _run_stall_scenario(guarded: bool, hang_timeout: float, console: Console,
+                        tmp: str) -> RunResult:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    server_pid = ctx.Value("i", 0)
+    stalled_at = ctx.Value("d", 0.0)
+    logs = [os.path.join(tmp, f"stall-rank{r}-{guarded}.log") for r in range(2)]
+    errs = [os.path.join(tmp, f"stall-rank{r}-{guarded}.error.json") for r in range(2)]
+    ranks = []
+    for r in range(2):
+        os.environ[TORCHELASTIC_ERROR_FILE] = errs[r]
+        p = ctx.Process(target=_stall_rank,
+                        args=(r, guarded, barrier, logs[r], server_pid, stalled_at),
+                        name=f"rank {r}")
+        p.start()
+        ranks.append(p)
+    os.environ.pop(TORCHELASTIC_ERROR_FILE, None)
+    watches = [ProcessWatch(p, name=p.name) for p in ranks]
+    try:
+        while server_pid.value == 0 or stalled_at.value == 0.0:
+            if any(w.poll() is not None for w in watches):
+                raise RuntimeError("a rank died during start-up; see " + ", ".join(logs))
+            time.sleep(0.01)
+        console.line(
+            f"  job running: rank 0 (pid {ranks[0].pid}) with sampler-server "
+            f"(pid {server_pid.value}), rank 1 (pid {ranks[1].pid})"
+        )
+        console.line("  sampler-server deadlocks on two locks after 20 batches: it stays alive")
+        return _watch_job(watches, stalled_at.value, hang_timeout, console, errs, logs,
+                          since="the helper stalled")
+    finally:
+        _stop_all(watches)
+        for w in watches:
+            w.close()
+        for p in ranks:
+            p.join(5)
+            _kill_group(p.pid)
+
+
 def _kill_group(pgid: int | None) -> None:
     """Stop what a rank left behind (the stock pattern orphans its helpers)."""
     if pgid is None:
@@ -291,7 +398,8 @@ def _describe_server_death(server: ProcessWatch) -> str:
 
 
 def _watch_job(watches: list[ProcessWatch], died_at: float, hang_timeout: float,
-               console: Console, errs: list[str], logs: list[str]) -> RunResult:
+               console: Console, errs: list[str], logs: list[str],
+               since: str = "the helper died") -> RunResult:
     """What torchrun does: wait for a rank to fail, then stop the others."""
     with WatchSet(watches) as ws:
         while True:
@@ -305,7 +413,7 @@ def _watch_job(watches: list[ProcessWatch], died_at: float, hang_timeout: float,
                 seconds = time.monotonic() - died_at
                 rank = watches.index(failed[0])
                 root = _read_error_file(errs[rank]) or _last_lines(logs[rank])
-                console.line(f"  JOB FAILED {seconds * 1000:.0f} ms after the helper died "
+                console.line(f"  JOB FAILED {seconds * 1000:.0f} ms after {since} "
                              f"({failed[0].name} exited with code {failed[0].status.returncode}"  # type: ignore[union-attr]
                              "; the other ranks were stopped)")
                 return RunResult("failed", seconds, root, None)
@@ -394,6 +502,10 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
         "init barrier. Worker 1 crashes in native code (SIGSEGV) during its initialisation.",
         "worker-hang-at-init": "A sampling producer spawns 2 workers and waits for them at an "
         "init barrier. Worker 1 hangs in connect_to_feature_store() during its initialisation.",
+        "helper-stall": "A 2-rank job: rank 0 owns a sampler server that feeds it batches; every "
+        f"step both ranks meet in a collective (timeout {COLLECTIVE_TIMEOUT_S:.0f} s). Then the "
+        "sampler server deadlocks: alive, but it never sends another batch. With healthkit, "
+        f"rank 0 expects a batch within {STALL_TIMEOUT_S:.0f} s of progress (a ProgressWatch).",
     }[scenario]
     console.line(f"healthkit demo: {scenario}")
     console.line(intro)
@@ -404,6 +516,7 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
             console.line(f"[{'2/2' if guarded else '1/2'}] {label}")
             runner: Callable[..., RunResult] = (
                 _run_server_scenario if scenario == "server-oom"
+                else _run_stall_scenario if scenario == "helper-stall"
                 else lambda g, h, c, t: _run_init_scenario(scenario, g, h, c, t)
             )
             # The guarded run is bounded by healthkit itself; the ceiling only stops a
@@ -418,7 +531,8 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
     console.line()
     console.line("Summary")
     for label, r in results.items():
-        since = "after the helper died" if scenario == "server-oom" else "after start"
+        since = {"server-oom": "after the helper died",
+                 "helper-stall": "after the helper stalled"}.get(scenario, "after start")
         what = (f"still hung after {r.seconds:.0f} s; the log names no cause"
                 if r.outcome == "hung" else f"failed {r.seconds:.2f} s {since}, cause named")
         console.line(f"  {label + ':':20s} {what}")

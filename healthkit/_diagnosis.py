@@ -85,6 +85,7 @@ class Cause(enum.Enum):
     BUS_ERROR = "bus error (shared memory)"
     TERMINATED = "terminated or interrupted"
     STILL_RUNNING = "still running"
+    STALLED = "stalled"  # alive, but no progress while progress was expected
     UNKNOWN = "unknown"
 
 
@@ -115,6 +116,9 @@ class Diagnosis:
     #: Where the failure happened when it was not in this process's tree: another rank of
     #: the job (``node 1 rank 3 (host-b)``), as told by the job-wide notice.
     elsewhere: str | None = None
+    #: Where a stalled process is stuck: its threads' Python stacks (and native frames when
+    #: py-spy is installed), as text; printed after the line.
+    stacks: str | None = None
 
     @property
     def abnormal(self) -> bool:
@@ -137,6 +141,8 @@ class Diagnosis:
             line += f" [{'; '.join(self.evidence)}]"
         if self.hint:
             line += f". {self.hint}"
+        if self.stacks:
+            line += "\n" + self.stacks.rstrip("\n")
         return line
 
 

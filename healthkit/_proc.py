@@ -25,6 +25,8 @@ __all__ = [
     "read_pending_signals",
     "read_proc_stat",
     "self_identity",
+    "TaskWait",
+    "read_task_wait",
     "status_ids",
 ]
 
@@ -277,3 +279,116 @@ def self_identity() -> int | None:
         return pidfd_identity(fd)
     finally:
         os.close(fd)
+
+
+# System call numbers of the blocking calls a stuck thread is usually in, by machine (the
+# numbers differ between architectures; an unknown one is shown as its number).
+_SYSCALLS: dict[str, dict[int, str]] = {
+    "x86_64": {
+        0: "read", 1: "write", 7: "poll", 17: "pread64", 19: "readv", 23: "select",
+        34: "pause", 35: "nanosleep", 42: "connect", 43: "accept", 45: "recvfrom",
+        47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+        247: "waitid", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4",
+        299: "recvmmsg", 441: "epoll_pwait2",
+    },
+    "aarch64": {
+        63: "read", 64: "write", 65: "readv", 67: "pread64", 72: "pselect6", 73: "ppoll",
+        22: "epoll_pwait", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep",
+        95: "waitid", 202: "accept", 203: "connect", 207: "recvfrom", 212: "recvmsg",
+        242: "accept4", 260: "wait4", 441: "epoll_pwait2",
+    },
+}
+# Calls whose first argument is a file descriptor worth naming.
+_FD_CALLS = frozenset({
+    "read", "write", "pread64", "readv", "recvfrom", "recvmsg", "recvmmsg", "accept",
+    "accept4", "connect", "epoll_wait", "epoll_pwait", "epoll_pwait2",
+})
+
+
+@attrs.frozen
+class TaskWait:
+    """Where one thread of a live process is, as the kernel shows it."""
+
+    tid: int
+    comm: str
+    state: str  # R running, S sleeping, D uninterruptible (often I/O), T stopped, ...
+    wchan: str | None  # the kernel function it sleeps in ("0" or None: running/unknown)
+    syscall: str | None  # "read(fd 5 -> /tmp/x)", "futex", "running", None if unreadable
+
+    def describe(self) -> str:
+        parts = [f"thread {self.tid} ({self.comm}): state {self.state}"]
+        if self.syscall:
+            parts.append(f"in {self.syscall}")
+        if self.wchan and self.wchan != "0":
+            parts.append(f"wchan {self.wchan}")
+        return ", ".join(parts)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def _syscall(task: str, pid: int, proc_root: str) -> str | None:
+    """``/proc/<pid>/task/<tid>/syscall`` in words: the call's name, and for a call on a
+    file descriptor what the descriptor is (``/proc/<pid>/fd``). Needs ptrace access (the
+    owner of a helper has it; another process may not): ``None`` then."""
+    raw = _read_text(f"{task}/syscall")
+    if raw is None:
+        return None
+    if raw == "running":
+        return "running"
+    fields = raw.split()
+    try:
+        nr = int(fields[0])
+    except (ValueError, IndexError):
+        return None
+    if nr < 0:
+        return "no system call"
+    import platform
+
+    name = _SYSCALLS.get(platform.machine(), {}).get(nr, f"system call {nr}")
+    if name in _FD_CALLS and len(fields) > 1:
+        try:
+            fd = int(fields[1], 16)
+        except ValueError:
+            return name
+        try:
+            target = os.readlink(f"{proc_root}/{pid}/fd/{fd}")
+        except OSError:
+            target = "?"
+        return f"{name}(fd {fd} -> {target})"
+    return name
+
+
+def read_task_wait(pid: int, proc_root: str = "/proc") -> list[TaskWait] | None:
+    """Each thread's state, wait channel and system call (what it is blocked on), main
+    thread first; ``None`` when the process is gone."""
+    check_pid(pid, "pid")
+    proc_root = path_arg(proc_root, "proc_root")
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"{proc_root}/{pid}/task"))
+    except (OSError, ValueError):
+        return None
+    tids.sort(key=lambda t: t != pid)
+    out: list[TaskWait] = []
+    for tid in tids:
+        task = f"{proc_root}/{pid}/task/{tid}"
+        raw = _read_text(f"{task}/stat")
+        if raw is None:
+            continue  # ended between the listing and the read
+        head, _, tail = raw.rpartition(")")
+        fields = tail.split()
+        out.append(
+            TaskWait(
+                tid=tid,
+                comm=head.partition("(")[2],
+                state=fields[0] if fields else "?",
+                wchan=_read_text(f"{task}/wchan"),
+                syscall=_syscall(task, pid, proc_root),
+            )
+        )
+    return out

@@ -49,6 +49,9 @@ owner -> sidecar
 ``stop``            ``signal``, ``at`` (``CLOCK_MONOTONIC`` seconds): a stop signal reached the
                     owner (sent before the owner consumes its byte)
 ``stopped``         ``pid``, ``start_time``: :func:`healthkit.stop` is about to end it
+``progress``        ``fd``, ``name``, ``who``, ``stall_timeout``: watch a progress page (opened
+                    through ``/proc/<owner>/fd/<fd>``); answered by ``watching``
+``expect``          a wait for progress began while no timer was set: look at the pages
 ``disarm``          exit now
 ==================  =========================================================================
 
@@ -92,11 +95,12 @@ from healthkit._actions import (
     log_diagnosis,
     write_torchelastic_error_file,
 )
-from healthkit._decide import Decision, check_on_clean_exit
+from healthkit._decide import Decision, Verdict, check_on_clean_exit
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._proc import ProcStat, group_members, read_pending_signals, read_proc_stat
+from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
 from healthkit._stop import add_stopping_listener, remove_stopping_listener, stop, watch_tree
 from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
@@ -349,6 +353,22 @@ class SidecarLink:
             )
             self._expect("watching")
 
+    def progress(self, watch: ProgressWatch) -> None:
+        """Watch a progress page too (the sidecar maps it through ``/proc``)."""
+        with self._lock:
+            self._send(
+                op="progress",
+                fd=watch.fileno(),
+                name=watch.name,
+                who=watch.who,
+                stall_timeout=watch.stall_timeout,
+            )
+            self._expect("watching")
+
+    def expect(self) -> None:
+        """A wait for progress began and no timer is set: tell the sidecar to look."""
+        self._send_quietly(op="expect")
+
     def status(self, pid: int, status: ExitStatus | None) -> None:
         """Tell the sidecar how ``pid`` ended, as far as the owner knows."""
         self._send_quietly(
@@ -567,6 +587,7 @@ class _Sidecar:
         self.notice: _jobnotice.JobFailure | None = None  # another rank's, to act on
         self.owner_stat: ProcStat | None = None
         self.relay: _RelayHandler | None = None
+        self.trackers: list[Tracker] = []
 
     # ---- messages
     def read_messages(self) -> list[dict[str, Any]] | None:
@@ -640,6 +661,11 @@ class _Sidecar:
             self.stopped.add((msg["pid"], msg["start_time"]))
         elif op == "status":
             self.owner_status[msg["pid"]] = ExitStatus(msg["returncode"], msg["source"])
+        elif op == "expect":
+            pass  # on_control wakes the loop, which looks at the untimed pages
+        elif op == "progress":
+            self.open_progress(msg)
+            self.sock.sendall(_line(op="watching"))
         elif op == "watch":
             record = self.open(msg)
             self.sock.sendall(_line(op="watching"))
@@ -670,6 +696,43 @@ class _Sidecar:
         self.by_watch[id(watch)] = record
         self.waits.add(watch)
         return record
+
+    def open_progress(self, msg: dict[str, Any]) -> None:
+        assert self.owner is not None
+        path = f"/proc/{self.owner.pid}/fd/{int(msg['fd'])}"
+        try:
+            tracker = Tracker.open(
+                path, float(msg["stall_timeout"]), str(msg["name"]), str(msg["who"])
+            )
+        except (OSError, ValueError) as e:
+            logger.error(
+                "%s: cannot map the progress page of %s (%s: %s): its stalls are not watched",
+                self.config.get("name"), msg.get("name"), path, e,
+            )
+            return
+        self.trackers.append(tracker)
+
+    def look_progress(self) -> None:
+        """Look at each progress page that is due or not timed yet."""
+        now = time.monotonic()
+        for tracker in self.trackers:
+            if self.done:
+                return
+            if tracker.due is not None and tracker.due > now:
+                continue
+            decision, quiet = tracker.look(
+                now,
+                armed=not self.done,
+                stop=self.episode,
+                stop_grace=float(self.config["stop_grace"]),
+            )
+            if decision.verdict is Verdict.FIRE and quiet is not None and not self.fired:
+                tracker.fired = True
+                stalled = stall_diagnosis(tracker, quiet)
+                self.tell_job(stalled)
+                self.act(stalled)
+            elif decision.verdict is Verdict.DEFER:
+                logger.warning("%s stalled; %s", tracker.name, decision.reason)
 
     # ---- what the sidecar knows of its owner
     def episode(self, now: float) -> StopEpisode | None:
@@ -766,15 +829,17 @@ class _Sidecar:
         diagnosis = self.describe(record, status)
         if excused is not None:
             diagnosis = survived_stop_wording(diagnosis, excused)
+        self.tell_job(diagnosis)
+        self.act(diagnosis)
+
+    def tell_job(self, diagnosis: Diagnosis) -> None:
+        """Publish the owner's failure to the job (a no-op outside a launcher's job)."""
         if self.job is not None:
             _jobnotice.publish(_jobnotice.JobFailure.of(
                 diagnosis, self.job, origin_pid=int(self.config["owner_pid"])))
-        self.fire_event(diagnosis)
 
-    def fire_event(self, diagnosis: Diagnosis) -> None:
-        """Log ``diagnosis``, write the owner's error file, stop the owner and its helpers."""
-        if self.fired:
-            return
+    def act(self, diagnosis: Diagnosis) -> None:
+        """Log, write the error file, then stop the owner and its helpers."""
         self.fired = True
         config = self.config
         event = FailureEvent(diagnosis, config["name"] + " (sidecar)", config["owner_pid"])
@@ -978,15 +1043,16 @@ class _Sidecar:
                 while self.seen and not self.done:
                     self.on_death(self.seen.pop(0))
                 if self.notice is not None and not self.done and not self.fired:
-                    self.fire_event(self.notice.diagnosis())
+                    self.act(self.notice.diagnosis())
                 if self.done:
                     if not self.disarmed and not self.fired:
                         self.witness_owner_end()
                     _jobnotice.flush(_NOTICE_FLUSH_S)  # this process outlives the owner
                     return 0
                 due = Judge.next_due(list(self.records.values()))
-                soonest = min((t for t in (due, next_sample) if t is not None), default=None)
-                timeout = max(0.0, soonest - time.monotonic()) if soonest is not None else None
+                dues = [t.due for t in self.trackers if t.due is not None]
+                dues += [t for t in (due, next_sample) if t is not None]
+                timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
                 self.note_deaths(self.waits.wait(timeout))
                 if next_sample is not None and time.monotonic() >= next_sample:
                     # Peak RSS while alive, as the owner's thread samples it: the line of
@@ -995,6 +1061,10 @@ class _Sidecar:
                         if record.watch is not None and record.watch.status is None:
                             record.watch.sample_rss()
                     next_sample = time.monotonic() + (interval or 0.0)
+                if self.trackers and not self.seen and not self.done:
+                    self.look_progress()
+                    if self.done:
+                        continue  # it fired: the top of the loop ends it
                 if due is not None and time.monotonic() >= due and not self.done:
                     self.read_pending_messages()
                     self.judge.expire(list(self.records.values()), owner_gone=self.owner_gone())

@@ -17,16 +17,35 @@ So a dump request signals a pid only when all of these hold:
 
 Every signal sent is remembered, so that if one ever ends a process anyway the diagnosis
 says it was ours.
+
+Without interrupting (:func:`enable_quiet_stack_dumps`). A signal whose handler runs in a
+thread cuts short the system call that thread is in, whatever ``SA_RESTART`` says, for the
+calls the kernel never restarts after a handler: ``nanosleep`` (libc ``sleep()`` returns
+early), ``poll``/``epoll_wait``/``select``, a futex wait with a timeout. A helper blocked in
+C code then returns from it, which a dump must never cause. So the opt-in can also block the
+dump signal in the calling thread (and so in every thread it starts later) and start one
+thread, the dumper, that leaves it unblocked and sleeps in a ``read()`` that never returns:
+the kernel hands a process-directed signal to a thread that does not block it, so
+faulthandler's C handler runs in the dumper, writes every thread's stack (it needs no GIL:
+this works while another thread holds it in a C call) and the dumper's ``read()`` is
+restarted. The other threads never see the signal. Threads started *before* the opt-in keep
+it unblocked and could still be chosen, so opt in at the start of the helper. A forked child
+takes the signal again in its one thread (as without the quiet opt-in); a program the helper
+executes afterwards (``subprocess``, a spawned Python) starts with it blocked, as signal masks
+are inherited across ``exec``: healthkit's own opt-ins in it unblock it, another program that
+relies on SIGUSR2 must unblock it itself.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import logging
 import os
 import signal
 import stat as stat_module
+import threading
 import time
 from collections.abc import Iterable
 from typing import IO
@@ -45,7 +64,13 @@ from healthkit._proc import catches_signal, descendants, read_proc_stat
 from healthkit._safefile import UnsafePathError, open_directory
 from healthkit._userdir import record_dir
 
-__all__ = ["dump_helper_stacks", "dump_stacks", "enable_stack_dumps", "stack_file"]
+__all__ = [
+    "dump_helper_stacks",
+    "dump_stacks",
+    "enable_quiet_stack_dumps",
+    "enable_stack_dumps",
+    "stack_file",
+]
 
 logger = logging.getLogger("healthkit")
 
@@ -57,6 +82,11 @@ _atexit_registered = False
 _signalled: dict[tuple[int, int | None], tuple[int, float]] = {}
 # Signals this process set to SIG_IGN when it withdrew an opt-in.
 _ignored_by_us: set[int] = set()
+# Signals a dumper thread answers in this process (see enable_quiet_stack_dumps).
+_quiet: set[int] = set()
+_quiet_lock = threading.Lock()
+_DUMPER_NAME = "healthkit stack dumper"
+_dumper_pipes: list[tuple[int, int]] = []
 
 
 def stack_file(directory: str, pid: int) -> str:
@@ -111,10 +141,75 @@ def enable_private_stack_dumps(directory: str) -> str | None:
     return _enable(directory, DEFAULT_SIGNAL, private=True)
 
 
+def enable_quiet_stack_dumps(directory: str) -> bool:
+    """:func:`enable_private_stack_dumps`, answered by a dumper thread so that a dump never
+    interrupts what the other threads are doing (see the module's docstring). Call it from
+    the helper's main thread before it starts threads. A process that already opted in
+    (anywhere) keeps that opt-in, now answered quietly. Returns whether this process now
+    answers dumps that way: ``False`` when the application handles SIGUSR2 itself."""
+    directory = path_arg(directory, "directory")
+    if any(sig == int(DEFAULT_SIGNAL) for _, sig in _open_files.values()):
+        # Already opted in (a BoundedBarrier's worker, record_exception): answer that
+        # opt-in quietly; a second registration would take the signal from it.
+        return _start_dumper(DEFAULT_SIGNAL)
+    if enable_private_stack_dumps(directory) is None:
+        return False
+    return _start_dumper(DEFAULT_SIGNAL)
+
+
+#: The dumper thread's kernel name (``comm``), so that reports can leave it out.
+DUMPER_COMM = "hk-stack-dumper"
+
+
+def _dumper(sig: int, fd: int) -> None:
+    from healthkit._orphan import set_thread_name
+
+    set_thread_name(DUMPER_COMM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    # Never returns: the write end stays open in this process. A handler running in this
+    # thread restarts the read (SA_RESTART, set by faulthandler); nothing else wakes it.
+    while True:
+        try:
+            if not os.read(fd, 1):
+                return
+        except OSError:
+            return
+
+
+def _start_dumper(sig: signal.Signals) -> bool:
+    with _quiet_lock:
+        if int(sig) in _quiet:
+            return True
+        try:
+            r, w = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            return False
+        thread = threading.Thread(target=_dumper, args=(int(sig), r), name=_DUMPER_NAME,
+                                  daemon=True)
+        _dumper_pipes.append((r, w))  # kept open for the life of the process
+        # Blocked here first, so the dumper is the one thread left that takes it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+        thread.start()
+        _quiet.add(int(sig))
+        return True
+
+
+def strip_dumper(text: str) -> str:
+    """A dump without the dumper thread's own stack (it only says where it sleeps)."""
+    blocks = text.split("\n\n")
+    kept = [b for b in blocks if "in _dumper\n" not in b + "\n"]
+    return "\n\n".join(kept)
+
+
 def _enable(directory: str, sig: signal.Signals, *, private: bool) -> str | None:
     path = stack_file(directory, os.getpid())
     if path in _open_files:
         return path
+    if int(sig) not in _quiet:
+        # A thread that inherited a block from a quiet parent (forked, or spawned from its
+        # main thread) must take the signal again, or its dump would never come.
+        with contextlib.suppress(ValueError, OSError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
     stat = read_proc_stat(os.getpid())
     try:
         dir_fd = open_directory(directory, create=private, private=private)
@@ -208,8 +303,19 @@ def _withdraw(path: str, f: IO[str], signum: int) -> None:
 
 
 def _forget_after_fork() -> None:
-    # A forked child inherits the handler but not the identity: its pid has no file.
+    # A forked child inherits the handler but not the identity: its pid has no file; and not
+    # the dumper thread, so its one thread takes the signal again.
     _open_files.clear()
+    for sig in _quiet:
+        # As before the quiet opt-in: a forked child takes the signal in its one thread.
+        with contextlib.suppress(ValueError, OSError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    _quiet.clear()
+    for pipe in _dumper_pipes:
+        for fd in pipe:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _dumper_pipes.clear()
 
 
 def _read_header(path: str) -> tuple[int, int | None, int] | None:
@@ -337,7 +443,7 @@ def dump_stacks(
         try:
             with open(stack_file(directory, pid), errors="replace") as f:
                 f.seek(before)
-                out[pid] = f.read() or None
+                out[pid] = strip_dumper(f.read()) or None
         except OSError:
             out[pid] = None
     return out

@@ -54,6 +54,7 @@ from healthkit._errors import (
     renamed_argument,
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
+from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
 from healthkit._sidecar import SidecarLink
 from healthkit._stop import stopped_by_healthkit
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
@@ -287,6 +288,8 @@ class DisarmableWatchdog:
         self._witness: SidecarLink | None = None  # thread mode under a launcher: see arm()
         self._witness_watch: ProcessWatch | None = None
         self._job: _jobnotice.JobScope | None = None
+        self._progress: list[ProgressWatch] = []
+        self._trackers: dict[int, Tracker] = {}  # id(progress watch) -> tracker (thread mode)
         self._judge = Judge(
             name=self.name,
             log=logger,
@@ -386,6 +389,49 @@ class DisarmableWatchdog:
                     self._set.add(watch)
             return watch
 
+    def watch_progress(self, progress: ProgressWatch) -> ProgressWatch:
+        """Also fail when ``progress`` stalls: no beat of its helper for its
+        ``stall_timeout`` while this process expects progress (see
+        :class:`healthkit.ProgressWatch`). Same actions as a death; a stop of this process
+        under way defers the verdict as it does a death's. Adding it twice is a no-op."""
+        if not isinstance(progress, ProgressWatch):
+            raise InvalidArgumentTypeError(
+                f"progress must be a healthkit.ProgressWatch, got {progress!r}", "progress"
+            )
+        with self._lock:
+            if any(p is progress for p in self._progress):
+                return progress
+            self._progress.append(progress)
+            if self._armed and not self._inert:
+                self._start_progress(progress)
+        return progress
+
+    def _start_progress(self, progress: ProgressWatch) -> None:
+        link = self._sidecar
+        if link is not None:
+            link.progress(progress)
+            progress.add_poke(link.expect)
+            return
+        self._trackers[id(progress)] = Tracker.of(progress)
+        progress.add_poke(self._poke_watcher)
+        self._poke_watcher()
+
+    def _stop_progress(self, link: SidecarLink | None) -> list[Tracker]:
+        """Stop the pokes; returns the trackers, for the caller to close once the watcher
+        thread no longer reads them."""
+        for progress in self._progress:
+            progress.remove_poke(self._poke_watcher)
+            if link is not None:
+                progress.remove_poke(link.expect)
+        trackers = list(self._trackers.values())
+        self._trackers.clear()
+        return trackers
+
+    def _poke_watcher(self) -> None:
+        watch_set = self._set
+        if watch_set is not None:
+            watch_set.wake()
+
     def arm(self) -> DisarmableWatchdog:
         """Start watching. Idempotent: a second call starts nothing. Inert in a forked child.
 
@@ -461,6 +507,8 @@ class DisarmableWatchdog:
                 self._witness_watch = self._witness.process_watch()
                 watch_set.add(self._witness_watch)
             self._set = watch_set
+            for progress in self._progress:
+                self._start_progress(progress)
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
             )
@@ -548,12 +596,16 @@ class DisarmableWatchdog:
             watch_set, self._set = self._set, None
             sidecar, self._sidecar = self._sidecar, None
             witness, self._witness = self._witness, None
+            trackers = self._stop_progress(sidecar)
         _jobnotice.unsubscribe(self._follow)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            for tracker in trackers:
+                tracker.close()
         if watch_set is not None:
             watch_set.close()
         if sidecar is not None:
@@ -668,6 +720,7 @@ class DisarmableWatchdog:
         )
         while True:
             due = [t for t in (Judge.next_due(self._pending()), next_sample) if t is not None]
+            due.extend(t.due for t in list(self._trackers.values()) if t.due is not None)
             timeout = max(0.0, min(due) - time.monotonic()) if due else None
             try:
                 ended = watch_set.wait(timeout)
@@ -704,6 +757,42 @@ class DisarmableWatchdog:
             if self._sidecar is None:
                 with self._judging:
                     self._judge.expire(self._pending())
+                self._look_progress()
+
+    def _look_progress(self) -> None:
+        """Look at each progress page that is due, or not timed yet (a wait may have begun:
+        that is what woke us). A page looked at while idle sets no timer."""
+        now = time.monotonic()
+        for tracker in list(self._trackers.values()):
+            if tracker.due is not None and tracker.due > now:
+                continue
+            decision, quiet = tracker.look(
+                now,
+                armed=self._armed,
+                stop=lambda t: _stopsignals.episode(t, self.stop_grace),
+                stop_grace=self.stop_grace,
+            )
+            if decision.verdict is Verdict.FIRE and quiet is not None:
+                self._fire_stall(tracker, quiet)
+            elif decision.verdict is Verdict.DEFER:
+                logger.warning("%s: %s stalled; %s", self.name, tracker.name, decision.reason)
+
+    def _fire_stall(self, tracker: Tracker, quiet: float) -> None:
+        with self._lock:
+            if self._fired is not None or not self._armed:
+                return  # only the first failure fires
+            tracker.fired = True
+            brief = stall_diagnosis(tracker, quiet, evidence=False)
+            self._fired = brief
+
+        def explain() -> Diagnosis:
+            full = stall_diagnosis(tracker, quiet)
+            self._fired = full
+            return full
+
+        if self._job is not None:
+            _jobnotice.publish_diagnosis(brief)  # the stacks stay in this rank's own report
+        self._run_actions(FailureEvent(explain, self.name, brief=brief))
 
     def _pending(self) -> list[Watched]:
         return [r for r in list(self._records.values()) if r.deferred is not None]
@@ -748,6 +837,11 @@ class DisarmableWatchdog:
         if self._set is not None:
             self._set.remove_fd(link.fileno())  # its log relay, if any: closed next
         link.close()
+        with self._lock:
+            for tracker in self._stop_progress(link):
+                tracker.close()
+            for progress in self._progress:
+                self._start_progress(progress)
         for r in list(self._records.values()):
             if r.watch is not None and r.watch.status is not None and not r.watch.closed:
                 with self._judging:

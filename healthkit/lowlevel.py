@@ -10,7 +10,7 @@ readers, the memory cgroup an ``ExitDiagnoser`` reads its OOM counter from
 
 from healthkit._actions import flush_logging
 from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
-from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
+from healthkit._decide import Decision, OnCleanExit, Verdict, decide, decide_stall, stop_like
 from healthkit._errors import (
     MAX_TIMEOUT_S,
     check_bool,
@@ -27,7 +27,7 @@ from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._jobnotice import publish_job_failure
 from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
-from healthkit._stacks import dump_stacks, enable_stack_dumps
+from healthkit._stacks import dump_stacks, enable_quiet_stack_dumps, enable_stack_dumps
 from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
 
 __all__ = [
@@ -52,9 +52,11 @@ __all__ = [
     "children",
     "current_episode",
     "decide",
+    "decide_stall",
     "descendants",
     "die_with_parent",
     "dump_stacks",
+    "enable_quiet_stack_dumps",
     "enable_stack_dumps",
     "env_seconds",
     "find_memory_cgroup",

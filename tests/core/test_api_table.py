@@ -336,6 +336,16 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "proc_root": Case(lambda e: ProcessWatch(e.child.pid, proc_root=None), T),
         "use_pidfd": Case(lambda e: ProcessWatch(e.child.pid, use_pidfd="no"), T),
     },
+    "healthkit.ProgressWatch": {
+        "stall_timeout": [
+            Case(lambda e: healthkit.ProgressWatch(0)),
+            Case(lambda e: healthkit.ProgressWatch(0.01)),
+            Case(lambda e: healthkit.ProgressWatch(NAN)),
+            Case(lambda e: healthkit.ProgressWatch("1"), T),
+        ],
+        "name": Case(lambda e: healthkit.ProgressWatch(1, name=5), T),
+        "who": Case(lambda e: healthkit.ProgressWatch(1, who=5), T),
+    },
     "healthkit.WatchSet": {
         "watches": [Case(lambda e: WatchSet(5), T), Case(lambda e: WatchSet([e.child.pid]), T)],
     },
@@ -470,6 +480,23 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "owner_exiting": Case(lambda e: lowlevel.decide(None, armed=True, owner_exiting=0), T),
         "owner_gone": Case(lambda e: lowlevel.decide(None, armed=True, owner_gone=None), T),
     },
+    "healthkit.lowlevel.decide_stall": {
+        "quiet_for": [Case(lambda e: lowlevel.decide_stall("1", stall_timeout=1, armed=True), T),
+                      Case(lambda e: lowlevel.decide_stall(-1, stall_timeout=1, armed=True), T)],
+        "stall_timeout": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=-1, armed=True)),
+        "armed": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=1), T),
+        "stop": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, stop=1.0), T),
+        "stop_grace": Case(
+            lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, stop_grace=NAN)
+        ),
+        "now": Case(lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, now="0"), T),
+        "owner_exiting": Case(
+            lambda e: lowlevel.decide_stall(1, stall_timeout=1, armed=True, owner_exiting=0), T
+        ),
+    },
+    "healthkit.lowlevel.enable_quiet_stack_dumps": {
+        "directory": Case(lambda e: lowlevel.enable_quiet_stack_dumps(5), T),  # type: ignore[arg-type]
+    },
     "healthkit.lowlevel.die_with_parent": {
         "parent_pid": Case(lambda e: lowlevel.die_with_parent("1"), T),
         "sig": Case(lambda e: lowlevel.die_with_parent(os.getppid(), sig=99999)),
@@ -576,6 +603,7 @@ CORE_EXEMPT = {
             "Cause",
             "Diagnosis",
             "ExitStatus",
+            "Heartbeat",  # made by ProgressWatch (its .heartbeat), never by the user
             "HelperException",
             "PartyReport",
             "StopReport",

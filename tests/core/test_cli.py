@@ -268,3 +268,23 @@ def test_doctor_says_when_an_installed_integration_cannot_import(
         "torch and graphlearn-torch"
     )
     assert _doctor._import_failure("healthkit") is None  # the twin: one that imports
+
+
+@pytest.mark.timeout(240)
+def test_demo_helper_stall_hangs_without_and_fails_with_the_stuck_helpers_stack() -> None:
+    proc = run_cli("demo", "--scenario", "helper-stall", "--hang-timeout", "4")
+    assert proc.returncode == 0, proc.stderr
+    without, with_ = proc.stdout.split("[2/2] with healthkit")
+    assert "STILL HUNG after 4 s" in without
+    assert "root cause" not in without
+    assert re.search(r"JOB FAILED \d+ ms after the helper stalled \(rank 0 exited with code 1",
+                     with_), with_
+    assert re.search(
+        r"sampler-server \(pid \d+\) stalled: no progress for 2\.\d s while rank 0 waited for "
+        r"a batch: it is alive and blocked: state S in futex", with_
+    ), with_
+    assert re.search(r'File ".*_demo.py", line \d+ in refresh_neighbour_cache', with_), with_
+    assert re.search(r'File ".*_demo.py", line \d+ in _stalling_server', with_), with_
+    assert "without healthkit:   still hung after 4 s; the log names no cause" in proc.stdout
+    assert re.search(r"with healthkit:      failed \d+\.\d\d s after the helper stalled",
+                     proc.stdout)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The integration guides' examples need their own environments; their tiers run them.
 CORE_DOCS = ["README.md", "docs/index.md", "docs/process-watch.md", "docs/watchdog.md",
              "docs/barrier.md", "docs/troubleshooting.md", "docs/logging.md",
-             "docs/architecture.md"]
+             "docs/architecture.md", "docs/progress.md"]
 
 
 def examples(path: Path) -> list[tuple[str, str, list[str]]]:

@@ -667,6 +667,79 @@ def scenario_hk_steady_state_stall(bound: str = "3") -> None:
             stalls=stalls, children_left=procs.spawned_worker_pids())  # fmt: skip
 
 
+def _slow_sampler_factory(*, delay: float, **kwargs: Any) -> Any:
+    """GLT's real DistNeighborSampler, each node sampling ``delay`` seconds slow: slow but
+    progressing."""
+    import asyncio
+
+    import healthkit_glt as hg
+
+    base = hg.create_dist_sampler(**kwargs)
+    original = base._sample_from_nodes
+
+    async def slow_sampling(*args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(delay)
+        return await original(*args, **kw)
+
+    base._sample_from_nodes = slow_sampling
+    return base
+
+
+def scenario_hk_stall_timeout(mode: str = "stuck", stall: str = "2") -> None:
+    """``stall_timeout`` set; the loop calls a blocking ``recv()``. ``stuck``: every worker
+    blocks in its sampler from its 3rd batch (alive), and the loop trains for
+    ``1.5 x stall`` after each batch (nobody waits meanwhile: never a stall), so the wait for
+    the 5th batch is the stall; ``slow``: each worker's batch takes ``0.9 x stall`` s, for
+    10 timeouts. Reports how the epoch ended."""
+    import functools
+
+    import healthkit_glt as hg
+    import torch
+    from graphlearn_torch.channel import ShmChannel
+    from graphlearn_torch.sampler import NodeSamplerInput, SamplingConfig, SamplingType
+
+    bound = float(stall)
+    fx.init_single_process_context()
+    dataset = fx.build_dataset()
+    config = SamplingConfig(SamplingType.NODE, list(fx.NUM_NEIGHBORS), 64, True, False,
+                            False, True, with_neg=False, with_weight=False, edge_dir="out",
+                            seed=1)  # fmt: skip
+    # slow: each worker takes 0.9 x stall_timeout per batch, for 11 batches (10 timeouts);
+    # the loader's own gaps are about half that (two workers).
+    factory = (
+        _stalling_sampler_factory if mode == "stuck"
+        else functools.partial(_slow_sampler_factory, delay=0.9 * bound)
+    )
+    seeds = 2 * 64 * (11 if mode == "slow" else 3)
+    producer = hg.DistSamplingProducer(
+        dataset, NodeSamplerInput(node=torch.arange(seeds) % fx.NUM_NODES), config,
+        fx.make_worker_options(), ShmChannel(2, "16MB"),
+        sampler_factory=factory, stall_timeout=bound,
+    )  # fmt: skip
+    producer.init()
+    pids = [w.pid for w in producer.workers]
+    batches, last_batch, t0 = 0, time.monotonic(), time.monotonic()
+    expected = seeds // 64
+    try:
+        producer.produce_all()
+        while batches < expected:
+            producer.recv()
+            batches += 1
+            last_batch = time.monotonic()
+            if mode == "stuck":
+                time.sleep(1.5 * bound)  # training: nobody waits for a batch
+        _result(outcome="finished", batches=batches, seconds=time.monotonic() - t0,
+                worker_pids=pids)  # fmt: skip
+    except hg.SamplingStalledError as e:
+        _result(outcome="stalled", after_last_batch_s=time.monotonic() - last_batch,
+                batches=batches, stalled_for=e.stalled_for, ranks=list(e.ranks),
+                worker_pids=pids, workers_alive_after=[w.is_alive() for w in producer.workers],
+                failure_kept=producer.failure is e,
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+    finally:
+        producer.shutdown(grace=1.0)
+
+
 def _sampling_error_result(e: Any, producer: Any, batches: int, t0: float) -> None:
     now = time.time()
     workers = producer.workers
@@ -899,6 +972,7 @@ SCENARIOS = {
     "hk-epoch-oom": lambda a: scenario_hk_epoch_oom(*a),
     "hk-fail-rebuild": lambda a: scenario_hk_fail_rebuild(*(int(x) for x in a)),
     "hk-steady-state-stall": lambda a: scenario_hk_steady_state_stall(*a),
+    "hk-stall-timeout": lambda a: scenario_hk_stall_timeout(*a),
     "channel-writers": lambda a: scenario_channel_writers(
         *(a[:1] + [int(x) for x in a[1:]])  # type: ignore[arg-type]
     ),

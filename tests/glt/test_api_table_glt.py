@@ -112,6 +112,8 @@ GLT: dict[str, dict[str, Case | list[Case]]] = {
         "recv_poll_ms": Case(lambda e: _producer(recv_poll_ms=0)),
         "worker_extra": Case(lambda e: _producer(worker_extra=[1]), T),
         "strict_env": Case(lambda e: _producer(strict_env="yes"), T),
+        "stall_timeout": [Case(lambda e: _producer(stall_timeout=0)),
+                          Case(lambda e: _producer(stall_timeout="60"), T)],
         "kill_timeout": Case(lambda e: _producer(kill_timeout=-1)),
         "stop_timeout": [Case(lambda e: _producer(stop_timeout="10"), T),
                          Case(lambda e: _producer(stop_timeout=-1)),
@@ -259,6 +261,9 @@ def test_every_exported_error_pickles_with_its_attributes() -> None:
         ),
         hg.SamplingServerLostError: hg.SamplingServerLostError(
             "gone", kind="server lost", server_rank=1
+        ),
+        hg.SamplingStalledError: hg.SamplingStalledError(
+            "stalled", stalled_for=60.0, ranks=(0, 1), diagnoses=(d,)
         ),
         hg.RingLayoutError: hg.RingLayoutError("not GLT 0.2.4's ring"),
         hg.BarrierBrokenError: hg.BarrierBrokenError(

@@ -1125,3 +1125,41 @@ def test_healthkit_glt_logs_under_healthkit_glt_in_the_healthkit_tree() -> None:
         module = importlib.import_module(f"healthkit_glt.{name}")
         assert module.logger is logging.getLogger("healthkit.glt"), name
     assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_with_stall_timeout_live_workers_that_stop_sending_fail_the_loader_with_their_stacks() -> (
+    None
+):
+    """stall_timeout=1: every worker blocks in its sampler from its 3rd batch, all alive.
+    The loop trains 1.5 s after each batch: nobody waits then, so the 4 batches it gets pass
+    silently; the wait for the 5th raises SamplingStalledError about 1 s in, with each
+    worker's rank, pid, state and the stuck thread's stack, and the producer torn down."""
+    run = sc.run_scenario("hk-stall-timeout", ["stuck", "1"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["outcome"] == "stalled", r
+    assert r["batches"] == 4, r  # the idle time between them never counted
+    assert 1.0 <= r["stalled_for"] <= 1.5, r
+    assert r["type"] == "SamplingStalledError" and "TimeoutError" in r["mro"], r
+    assert r["ranks"] == [0, 1] and r["failure_kept"], r
+    text = r["message"]
+    assert "no batch for 1.0s while the loader waited for batch 5" in text, text
+    for rank, pid in enumerate(r["worker_pids"]):
+        assert f"sampling worker {rank} (pid {pid}) stalled: no progress for" in text, text
+        assert f"Python stacks of sampling worker {rank} (pid {pid})" in text, text
+    assert "while the loader waited for a batch: it is alive and blocked: state S" in text, text
+    assert text.count("in stall_in_sampling_forever") == 2, text  # each worker's stuck thread
+    assert "other threads:" in text, text  # dozens of RPC threads, summed up
+    assert r["workers_alive_after"] == [False, False] and r["children_left"] == [], r
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_with_stall_timeout_slow_but_progressing_workers_never_fail_the_loader() -> None:
+    """stall_timeout=0.6: each worker takes 0.9 x stall_timeout per batch, for about 10
+    timeouts: the epoch completes."""
+    run = sc.run_scenario("hk-stall-timeout", ["slow", "0.6"], timeout=150)
+    assert run.returncode == 0, run.output
+    r = run.result
+    assert r["outcome"] == "finished" and r["batches"] == 22, r
+    assert r["seconds"] >= 5.0, r  # it was slow: about 10 x 0.6 s

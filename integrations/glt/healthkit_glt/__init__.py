@@ -18,7 +18,12 @@ from healthkit_glt._config import (
 )
 from healthkit_glt._lease import CONNECTION_TIMEOUT_ENV
 from healthkit_glt._loader import DistNeighborLoader
-from healthkit_glt._producer import DistSamplingProducer, SamplingError, SamplingWorkerDiedError
+from healthkit_glt._producer import (
+    DistSamplingProducer,
+    SamplingError,
+    SamplingStalledError,
+    SamplingWorkerDiedError,
+)
 from healthkit_glt._receive import Receiver, RingLayoutError, open_receiver
 from healthkit_glt._remote_errors import (
     RemoteSamplingError,
@@ -61,6 +66,7 @@ __all__ = [
     "SamplerFactory",
     "SamplingError",
     "SamplingServerLostError",
+    "SamplingStalledError",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",
     "SerializedSendChannel",

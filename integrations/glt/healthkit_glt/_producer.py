@@ -62,6 +62,7 @@ from healthkit import (
     InvalidArgumentTypeError,
     ProcessDiedError,
     ProcessWatch,
+    ProgressWatch,
     stop,
 )
 from healthkit.lowlevel import (
@@ -71,9 +72,12 @@ from healthkit.lowlevel import (
     check_callable,
     check_int,
     check_seconds,
+    check_timeout,
+    decide_stall,
     publish_job_failure,
     renamed_argument,
 )
+from healthkit.lowlevel import Verdict as Verdict
 from healthkit_glt._compat import RingSegment
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
@@ -98,7 +102,12 @@ from healthkit_glt._worker import (
     error_file,
 )
 
-__all__ = ["DistSamplingProducer", "SamplingError", "SamplingWorkerDiedError"]
+__all__ = [
+    "DistSamplingProducer",
+    "SamplingError",
+    "SamplingStalledError",
+    "SamplingWorkerDiedError",
+]
 
 logger = logging.getLogger("healthkit.glt")
 
@@ -164,6 +173,31 @@ def drop_frames(e: BaseException) -> None:
         todo += [x.__cause__, x.__context__]
 
 
+class SamplingStalledError(HealthkitError, TimeoutError):
+    """Every sampling worker is alive, but none sent a batch for ``stall_timeout`` seconds
+    while the loader waited for one (a deadlock, a read that never returns, a peer's RPC
+    that never answers).
+
+    ``stalled_for`` is how long the loader waited with no batch; ``diagnoses`` has each live
+    worker's state (what it is blocked on), beats and Python stacks, as a
+    :class:`healthkit.Diagnosis` with cause ``STALLED``; ``ranks`` their ranks, in order.
+    The producer is torn down when this is raised.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stalled_for: float,
+        ranks: tuple[int, ...],
+        diagnoses: tuple[Diagnosis, ...],
+    ) -> None:
+        super().__init__(message)
+        self.stalled_for = stalled_for
+        self.ranks = ranks
+        self.diagnoses = diagnoses
+
+
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
 _atexit_registered = False
 
@@ -199,6 +233,7 @@ def _check_arguments(
     strict_env: object = False,
     kill_timeout: object = None,
     stop_timeout: object = None,
+    stall_timeout: object = None,
 ) -> tuple[float, float, float]:
     """The producer's own keyword arguments, checked (the shutdown bounds returned)."""
     if kill_timeout is not None:
@@ -224,6 +259,8 @@ def _check_arguments(
             f"worker_extra must be a dict or None, got {worker_extra!r}", "worker_extra"
         )
     check_bool(strict_env, "strict_env")
+    if stall_timeout is not None:
+        check_timeout(stall_timeout, "stall_timeout", positive=True, minimum=0.05)  # type: ignore[arg-type]
     return grace_s, kill_s, init_failure_s
 
 
@@ -301,6 +338,11 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       checks for a stop while the channel is empty (not a failure timeout: a slow epoch is
       never failed for being slow).
     - ``worker_extra``: a picklable dict handed to custom worker loops as ``ctx.extra``.
+    - ``stall_timeout``: fail ``recv()`` with :class:`SamplingStalledError` (each live
+      worker's state and stacks) when no batch came for this many seconds while the loader
+      waited, every worker alive (default ``None``: a stall is only logged, once, after the
+      steady-state RPC timeout). Each worker beats a :class:`healthkit.Heartbeat` per batch
+      sent; time the loader spends elsewhere (training) is never counted.
     - ``strict_env``: reject bad env values (:class:`healthkit.InvalidArgumentError`)
       instead of warning and using the default.
     """
@@ -327,6 +369,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         strict_env: bool = False,
         kill_timeout: float | None = None,
         stop_timeout: float | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         # Every argument is checked before anything starts: a bad one fails here, naming
         # itself, not inside shutdown() or a worker.
@@ -347,6 +390,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             recv_poll_ms=recv_poll_ms,
             worker_extra=worker_extra,
             strict_env=strict_env,
+            stall_timeout=stall_timeout,
         )
         # Everything shutdown() reads exists before anything can fail, so shutdown() (and
         # a loader's __del__) is safe on a producer whose construction or init() failed.
@@ -356,7 +400,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._receiver: Receiver | None = None
         self._init_barrier: BoundedBarrier | None = None
         self._error_dir: str | None = None
-        self._failure: SamplingWorkerDiedError | SamplingError | None = None
+        self._failure: SamplingWorkerDiedError | SamplingError | SamplingStalledError | None = None
         self._reports_r: Any = None
         self._report_flag: Any = None
         self._segment: RingSegment | None = None
@@ -364,6 +408,11 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._batches_received = 0  # since the last produce_all(), for the error message
         self._last_batch_at = time.monotonic()  # or the epoch's start: when the stall began
         self._stall_reported = False  # its stacks are logged once per stall
+        self.stall_timeout: float | None = (
+            None if stall_timeout is None else float(stall_timeout)
+        )
+        self._progress: list[ProgressWatch] = []  # one per worker, with stall_timeout
+        self._waiting_since: float | None = None  # the loader waits for a batch since
         super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
         self.timeouts: TimeoutPlan = resolve_timeouts(
             rpc_init_timeout=rpc_init_timeout,
@@ -453,6 +502,11 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         reports = ErrorReports(reports_w, self._ctx.Lock(), self._report_flag)
         # GLT's ShmChannel stalls with concurrent writers (see SerializedSendChannel).
         send_lock = self._ctx.Lock() if self.num_workers > 1 else None
+        if self.stall_timeout is not None:
+            self._progress = [
+                ProgressWatch(self.stall_timeout, name=f"sampling worker {rank}", who="the loader")
+                for rank in range(self.num_workers)
+            ]
         for rank in range(self.num_workers):
             task_queue = self._ctx.Queue(self.num_workers * self.worker_options.worker_concurrency)
             self._task_queues.append(task_queue)
@@ -475,6 +529,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 send_lock=send_lock,
                 parent_pid=os.getpid(),
                 reports=reports,
+                heartbeat=self._progress[rank].heartbeat if self._progress else None,
             )
             w = self._ctx.Process(
                 target=_worker_entry,
@@ -550,6 +605,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             raise self._failure
         self._batches_received = 0
         self._last_batch_at, self._stall_reported = time.monotonic(), False
+        self._stop_waiting()
         super().produce_all()
 
     def recv(self, timeout_ms: int | None = None) -> Any:
@@ -567,7 +623,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if receiver is None or self._shutdown:
             raise RuntimeError("this DistSamplingProducer is not running (init() or shut down)")
         try:
-            msg, ended = receiver.receive(timeout_ms / 1000 if timeout_ms else None)
+            msg, ended = self._receive(receiver, timeout_ms / 1000 if timeout_ms else None)
         except ErrorReported as report:
             raise self._fail_on_report(report) from None
         except QueueTimeoutError:
@@ -576,8 +632,84 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if not ended:
             self._batches_received += 1
             self._last_batch_at, self._stall_reported = time.monotonic(), False
+            self._stop_waiting()
             return msg
         raise self._fail(ended)
+
+    def _receive(self, receiver: Receiver, timeout: float | None) -> tuple[Any, list[ProcessWatch]]:
+        """``receiver.receive``, bounded by the stall watch when there is one.
+
+        The loader expects progress from its first ``recv()`` after a batch until the next
+        batch, across calls that timed out (a fetch loop polling ``recv(timeout_ms=200)`` is
+        one wait). Progress is a batch sent by any worker (its beat) or received here.
+        """
+        bound = self.stall_timeout
+        if bound is None:
+            return receiver.receive(timeout)
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            for watch in self._progress:
+                watch.begin("a batch")
+        deadline = None if timeout is None else now + timeout
+        while True:
+            last = max([self._waiting_since] + [b for b in self._last_beats() if b is not None])
+            quiet = time.monotonic() - last
+            if decide_stall(quiet, stall_timeout=bound, armed=True).verdict is Verdict.FIRE:
+                raise self._fail_stalled(quiet)
+            wait = bound - quiet
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise QueueTimeoutError()
+                wait = min(wait, left)
+            try:
+                return receiver.receive(max(wait, 0.001))
+            except QueueTimeoutError:
+                continue
+
+    def _stop_waiting(self) -> None:
+        if self._waiting_since is not None:
+            self._waiting_since = None
+            for watch in self._progress:
+                if watch.expected is not None:  # not closed by a teardown meanwhile
+                    watch.end()
+
+    def _last_beats(self) -> list[float | None]:
+        return [p.last_beat for p in self._progress]
+
+    def _fail_stalled(self, quiet: float) -> SamplingStalledError:
+        """Every worker alive, no batch for ``stall_timeout`` while the loader waited: say
+        where each one is stuck (state, what it is blocked on, its stacks read without
+        interrupting it), then tear the producer down."""
+        barrier = self._init_barrier
+        dump = barrier.dump_stacks if barrier is not None else None
+        ranks: list[int] = []
+        diagnoses: list[Diagnosis] = []
+        for rank, (w, watch) in enumerate(zip(self._workers, self._progress, strict=True)):
+            if w.pid is None or not w.is_alive():
+                continue
+            ranks.append(rank)
+            diagnoses.append(watch.diagnose(quiet, dump=dump))
+        lines = [
+            f"no batch for {quiet:.1f}s while the loader waited for batch "
+            f"{self._batches_received + 1} of this epoch, every sampling worker alive: "
+            f"longer than stall_timeout ({self.stall_timeout:g}s). Where each one is stuck:",
+            *(f"  - {str(d).splitlines()[0]}" for d in diagnoses),
+            "What to do: the stacks below show where each worker waits (a lock, a read, a "
+            "peer's RPC); if a batch can honestly take longer, raise stall_timeout. This "
+            "producer has been shut down.",
+        ]
+        for d in diagnoses:
+            if d.stacks:
+                lines.append(d.stacks.rstrip())
+        err = SamplingStalledError(
+            "\n".join(lines), stalled_for=quiet, ranks=tuple(ranks), diagnoses=tuple(diagnoses)
+        )
+        self._failure = err
+        self._shutdown = True
+        self._teardown(grace=0.0, send_stop=False)
+        return err
 
     def _report_stall(self) -> None:
         """A timed receive found no batch and every worker alive. Once no batch has come for
@@ -729,6 +861,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self._error_dir is not None:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
+        for watch in self._progress:
+            watch.close()
 
     @property
     def stop_timeout(self) -> float:
@@ -756,7 +890,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         return list(self._workers)
 
     @property
-    def failure(self) -> SamplingWorkerDiedError | SamplingError | None:
+    def failure(self) -> SamplingWorkerDiedError | SamplingError | SamplingStalledError | None:
         """The steady-state failure that ended this producer, if any."""
         return self._failure
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import attrs
 from graphlearn_torch.channel import ChannelBase
 
-from healthkit import BarrierBrokenError, BoundedBarrier, InvalidArgumentTypeError
+from healthkit import BarrierBrokenError, BoundedBarrier, Heartbeat, InvalidArgumentTypeError
 from healthkit.lowlevel import check_bound, check_int, die_with_parent, flush_logging
 
 __all__ = [
@@ -115,6 +115,40 @@ class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no ty
         return getattr(channel, name)
 
 
+class BeatingSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+    """A channel whose every completed ``send()`` beats the worker's heartbeat: one sampled
+    message handed to the loader is the progress the producer's stall watch waits for.
+
+    Everything except ``send`` is forwarded to the wrapped channel.
+    """
+
+    def __init__(self, channel: Any, heartbeat: Heartbeat) -> None:
+        if not callable(getattr(channel, "send", None)):
+            raise InvalidArgumentTypeError(
+                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
+            )
+        if not isinstance(heartbeat, Heartbeat):
+            raise InvalidArgumentTypeError(
+                f"heartbeat must be a healthkit.Heartbeat, got {heartbeat!r}", "heartbeat"
+            )
+        self.channel = channel
+        self.heartbeat = heartbeat
+
+    def send(self, msg: Any, **kwargs: Any) -> None:
+        self.channel.send(msg, **kwargs)
+        self.heartbeat.beat()
+
+    def recv(self, **kwargs: Any) -> Any:
+        return self.channel.recv(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            channel = self.__dict__["channel"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(channel, name)
+
+
 def create_dist_sampler(
     *, data: Any, sampling_config: Any, worker_options: Any, channel: Any, current_device: Any
 ) -> Any:
@@ -168,6 +202,8 @@ class SamplingWorkerContext:
     send_lock: Any = None
     parent_pid: int | None = None
     reports: ErrorReports | None = None
+    #: Beaten after each message sent, when the producer has a ``stall_timeout``.
+    heartbeat: Heartbeat | None = None
     failed: threading.Event = attrs.field(factory=threading.Event, init=False, eq=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -316,7 +352,8 @@ def start_sampler(ctx: SamplingWorkerContext) -> Any:
     """Seed like stock GLT, build the sampler with the context's factory, start its loop.
 
     The factory gets the channel wrapped in :class:`SerializedSendChannel` when the context
-    has a ``send_lock`` (more than one worker).
+    has a ``send_lock`` (more than one worker), and in :class:`BeatingSendChannel` when it has
+    a ``heartbeat`` (the producer watches for stalls).
     """
     _check_context(ctx)
     from graphlearn_torch.utils import seed_everything
@@ -326,6 +363,8 @@ def start_sampler(ctx: SamplingWorkerContext) -> Any:
     channel = ctx.channel
     if ctx.send_lock is not None:
         channel = SerializedSendChannel(channel, ctx.send_lock)
+    if ctx.heartbeat is not None:
+        channel = BeatingSendChannel(channel, ctx.heartbeat)
     sampler = ctx.sampler_factory(
         data=ctx.data,
         sampling_config=ctx.sampling_config,
@@ -519,6 +558,10 @@ def _worker_entry(worker_loop: WorkerLoop, ctx: SamplingWorkerContext) -> None:
     if ctx.parent_pid is not None:
         die_with_parent(ctx.parent_pid)
     ctx.barrier.enable_stack_dumps()
+    if ctx.heartbeat is not None:
+        # Which process beats, and its barrier stack dumps answered by a dumper thread: a
+        # stall report reads them without interrupting the worker.
+        ctx.heartbeat.attach()
     try:
         worker_loop(ctx)
     except BaseException:

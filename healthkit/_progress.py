@@ -1,0 +1,512 @@
+"""ProgressWatch and Heartbeat: notice a helper that is alive but stopped working.
+
+A dead helper is seen through its pidfd; a live one that stopped producing (deadlocked on a
+lock, blocked in a read from a file nobody writes, stuck in native code) leaves no such
+trace. So the helper *beats* (:meth:`Heartbeat.beat`) whenever it makes progress, and the
+owner declares when progress is *expected* (:meth:`ProgressWatch.expecting`: while it waits
+for a batch, while a request is in flight). No beat for ``stall_timeout`` while progress is
+expected is a stall, decided by :func:`healthkit._decide.decide_stall` and acted on by the
+watchdog's actions, exactly as a death is. Idle time (between epochs, a long evaluation, a
+checkpoint) is never a stall, because nobody expects progress then.
+
+The shared page. One page of a ``memfd``, mapped shared: the helper's beat is two stores
+into it (a counter and the ``CLOCK_MONOTONIC`` time, read through the vDSO): no system call,
+no lock. It is reachable from every kind of helper: a forked one inherits the mapping, a
+spawned or forkserver one receives the fd while it is started (pickled through
+``multiprocessing``'s own fd passing), and the sidecar watcher opens it through
+``/proc/<owner>/fd``.
+
+Slot layout (int64): 0 beats, 1 last beat (ns), 2 helper pid, 3 helper start time, 4 since
+when progress is expected (ns; 0: idle), 5 a watcher is timing this page (1/0); bytes 64-191
+what the owner waits for (UTF-8).
+
+Wake-ups. A watcher sets a timer only while progress is expected: at the last beat (or the
+start of the wait, if later) plus ``stall_timeout``; it wakes there once, and either finds a
+newer beat (and sets the next timer from it) or a stall. While idle it sets no timer. The
+owner pokes the watcher only when a wait begins and no watcher is timing (slot 5): the owner
+stores "expected" then reads "timing", the watcher stores "not timing" then reads "expected",
+each with a full barrier between its store and its load (a lock acquired and released; a
+locked instruction on x86), so at least one of them sees the other and a wait is never
+missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing import reduction
+from typing import Any, Final
+
+import attrs
+
+from healthkit._decide import Decision, Verdict, decide_stall
+from healthkit._diagnosis import Cause, Diagnosis
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_callable,
+    check_str,
+    check_timeout,
+)
+from healthkit._proc import TaskWait, read_proc_stat, read_task_wait
+from healthkit._stopsignals import StopEpisode
+
+__all__ = ["Heartbeat", "ProgressWatch", "Tracker", "stall_diagnosis"]
+
+_PAGE: Final = 4096
+_BEATS, _LAST, _PID, _START, _SINCE, _TIMING = range(6)
+_WHAT_AT, _WHAT_LEN = 64, 128
+_NS = 1_000_000_000
+_monotonic_ns = time.monotonic_ns
+_fence_lock = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier between a store to the page and the load after it."""
+    with _fence_lock:
+        pass
+
+
+def _map(fd: int) -> tuple[mmap.mmap, memoryview]:
+    mm = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    return mm, memoryview(mm).cast("q")
+
+
+class Heartbeat:
+    """The helper's end of a :class:`ProgressWatch`: :meth:`beat` after each unit of work.
+
+    Pass it to the helper as an argument (``Process(target=..., args=(heartbeat,))``); it
+    works with the fork, spawn and forkserver start methods. In the helper, call
+    :meth:`attach` once at start.
+    """
+
+    __slots__ = ("_fd", "_mm", "_v", "name")
+
+    def __init__(self, fd: int, name: str) -> None:
+        self._fd = fd
+        self._mm, self._v = _map(fd)
+        self.name = name
+
+    def beat(self) -> None:
+        """Report progress: two stores into shared memory (no system call, no lock)."""
+        v = self._v
+        v[0] += 1
+        v[1] = _monotonic_ns()
+
+    def attach(self, *, stacks: bool = True) -> None:
+        """In the helper, at its start: say which process beats (the owner shows this
+        process's state when it stalls) and, with ``stacks``, let the owner read its Python
+        stacks without interrupting it (a dumper thread answers; call this before the helper
+        starts threads). Nothing happens if the application handles SIGUSR2 itself."""
+        check_bool(stacks, "stacks")
+        pid = os.getpid()
+        stat = read_proc_stat(pid)
+        self._v[_START] = stat.start_time if stat is not None else 0
+        self._v[_PID] = pid
+        if stacks:
+            from healthkit._stacks import enable_quiet_stack_dumps
+            from healthkit._userdir import record_dir
+
+            enable_quiet_stack_dumps(record_dir())
+
+    @property
+    def beats(self) -> int:
+        return int(self._v[_BEATS])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # multiprocessing's fd passing: to a spawn/forkserver child while it is started.
+        return (_rebuild_heartbeat, (reduction.DupFd(self._fd), self.name))
+
+    def __repr__(self) -> str:
+        return f"<healthkit Heartbeat {self.name!r} beats={self.beats}>"
+
+
+def _rebuild_heartbeat(dup: Any, name: str) -> Heartbeat:
+    return Heartbeat(dup.detach(), name)
+
+
+def _default_who() -> str:
+    rank = os.environ.get("RANK")
+    if rank is not None and rank.isdigit():
+        return f"rank {rank}"
+    return f"pid {os.getpid()}"
+
+
+class ProgressWatch:
+    """The owner's end: declares when progress is expected, and is watched for stalls.
+
+    Give it to a watchdog (:meth:`healthkit.DisarmableWatchdog.watch_progress`) and its
+    :attr:`heartbeat` to the helper. Wrap each wait for the helper's work in
+    :meth:`expecting`; a wait with no beat for ``stall_timeout`` seconds fires the
+    watchdog with the helper's state and stacks. ``who`` names the waiter in the report
+    (default ``rank <RANK>`` under torchrun, else this pid).
+    """
+
+    def __init__(
+        self, stall_timeout: float, *, name: str = "helper", who: str | None = None
+    ) -> None:
+        timeout = check_timeout(stall_timeout, "stall_timeout", allow_none=False, positive=True)
+        assert timeout is not None
+        if timeout < 0.05:
+            raise InvalidArgumentError(
+                f"stall_timeout must be >= 0.05 seconds (a watcher wakes once per timeout "
+                f"while progress is expected), got {stall_timeout!r}",
+                "stall_timeout",
+            )
+        check_str(name, "name")
+        check_str(who, "who", allow_none=True)
+        self.stall_timeout: float = timeout
+        self.name = name
+        self.who = who if who is not None else _default_who()
+        fd = os.memfd_create("healthkit-progress", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _PAGE)
+            self.heartbeat = Heartbeat(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._v = self.heartbeat._v
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._what = ""
+        self._pokes: tuple[Callable[[], None], ...] = ()
+        self._closed = False
+
+    # ---- the owner's side
+    @contextlib.contextmanager
+    def expecting(self, what: str) -> Iterator[None]:
+        """Progress is expected while the block runs (``what``: "a batch", "a reply")."""
+        self.begin(what)
+        try:
+            yield
+        finally:
+            self.end()
+
+    def begin(self, what: str) -> None:
+        """Progress is expected from now until the matching :meth:`end` (calls nest)."""
+        check_str(what, "what")
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            if what != self._what:
+                raw = what.encode("utf-8", "replace")[: _WHAT_LEN - 1]
+                self.heartbeat._mm[_WHAT_AT : _WHAT_AT + _WHAT_LEN] = raw.ljust(_WHAT_LEN, b"\0")
+                self._what = what
+            self._v[_SINCE] = _monotonic_ns()
+        _fence()
+        if not self._v[_TIMING]:
+            for poke in self._pokes:
+                with contextlib.suppress(Exception):
+                    poke()
+
+    def end(self) -> None:
+        """The wait begun by :meth:`begin` is over (no wake-up: a watcher timing it finds
+        it over at its next look and stops timing)."""
+        with self._lock:
+            if self._depth == 0:
+                raise InvalidArgumentError(
+                    "end() without a matching begin(): use 'with watch.expecting(...)'", "end"
+                )
+            self._depth -= 1
+            if self._depth == 0:
+                self._v[_SINCE] = 0
+
+    # ---- what it knows
+    @property
+    def expected(self) -> str | None:
+        """What the owner is waiting for right now, or ``None`` when idle."""
+        return self._what if self._depth else None
+
+    @property
+    def beats(self) -> int:
+        return int(self._v[_BEATS])
+
+    @property
+    def last_beat(self) -> float | None:
+        """When the helper last beat (``time.monotonic()`` seconds), or ``None``."""
+        last = int(self._v[_LAST])
+        return last / _NS if last else None
+
+    def diagnose(
+        self,
+        quiet_for: float,
+        *,
+        dump: Callable[[list[int]], dict[int, str | None]] | None = None,
+    ) -> Diagnosis:
+        """The stall report of this watch's helper now, for a caller that decides stalls
+        itself (``healthkit.lowlevel.decide_stall``): who waited for what, the helper's
+        state, what it is blocked on and its stacks. ``quiet_for``: the seconds without
+        progress to report; ``dump``: reads the stacks where the helper opted in to stack
+        dumps, if not in healthkit's record directory."""
+        if isinstance(quiet_for, bool) or not isinstance(quiet_for, (int, float)):
+            raise InvalidArgumentTypeError(
+                f"quiet_for must be a number of seconds, got {quiet_for!r}", "quiet_for"
+            )
+        if dump is not None:
+            check_callable(dump, "dump")
+        tracker = Tracker.of(self)
+        try:
+            return stall_diagnosis(tracker, float(quiet_for), dump=dump)
+        finally:
+            tracker.close()
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The pid of the helper that called :meth:`Heartbeat.attach`, if one did."""
+        pid = int(self._v[_PID])
+        return pid or None
+
+    def fileno(self) -> int:
+        """The shared page's fd (a sidecar watcher opens it through ``/proc``)."""
+        return self.heartbeat._fd
+
+    def add_poke(self, poke: Callable[[], None]) -> None:
+        """Call ``poke()`` when a wait begins and no watcher is timing this watch."""
+        with self._lock:
+            self._pokes = (*self._pokes, poke)
+
+    def remove_poke(self, poke: Callable[[], None]) -> None:
+        with self._lock:
+            self._pokes = tuple(p for p in self._pokes if p != poke)
+
+    def close(self) -> None:
+        """Release the owner's mapping and fd (a helper's copy stays valid). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pokes = ()
+            self._depth = 0
+            self._v[_SINCE] = 0  # closed while waiting: a watcher still looking sees idle
+        with contextlib.suppress(Exception):
+            self._v.release()
+            self.heartbeat._v.release()
+            self.heartbeat._mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.heartbeat._fd)
+
+    def __enter__(self) -> ProgressWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"expecting {self._what!r}" if self._depth else "idle"
+        return (
+            f"<healthkit ProgressWatch {self.name!r} stall_timeout={self.stall_timeout:g} "
+            f"{state} beats={self.beats}>"
+        )
+
+
+@attrs.define(eq=False)
+class Tracker:
+    """One watcher's view of one progress page: when to look next, and what it saw.
+
+    Used alike by the owner's watcher thread and by the sidecar (which maps the page itself).
+    """
+
+    view: memoryview
+    stall_timeout: float
+    name: str
+    who: str
+    due: float | None = None  # monotonic seconds of the next look; None: idle, no timer
+    fired: bool = False
+    mm: mmap.mmap | None = None  # the sidecar's own mapping, closed with the tracker
+
+    @classmethod
+    def of(cls, watch: ProgressWatch) -> Tracker:
+        """A tracker with its own mapping of the page: the owner may close its watch (and
+        its mapping) while a watcher still looks."""
+        mm, view = _map(watch.fileno())
+        return cls(view, watch.stall_timeout, watch.name, watch.who, mm=mm)
+
+    @classmethod
+    def open(cls, path: str, stall_timeout: float, name: str, who: str) -> Tracker:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            mm, view = _map(fd)
+        finally:
+            os.close(fd)
+        return cls(view, stall_timeout, name, who, mm=mm)
+
+    def quiet_for(self, now: float) -> float | None:
+        """Seconds without progress while expected (``None``: idle). Starts timing, or
+        stops when idle (see the module's docstring for the order of the loads)."""
+        v = self.view
+        since = v[_SINCE]
+        if since == 0:
+            v[_TIMING] = 0
+            _fence()
+            since = v[_SINCE]
+            if since == 0:
+                return None
+        v[_TIMING] = 1
+        last = max(int(v[_LAST]), int(since))
+        return max(0.0, now - last / _NS)
+
+    def look(
+        self,
+        now: float,
+        *,
+        armed: bool,
+        stop: Callable[[float], StopEpisode | None],
+        stop_grace: float,
+        owner_exiting: bool = False,
+    ) -> tuple[Decision, float | None]:
+        """Decide now; sets :attr:`due`. Returns the decision and the quiet time."""
+        if self.fired:
+            self.due = None
+            return Decision(Verdict.IGNORE, "already reported"), None
+        quiet = self.quiet_for(now)
+        episode = stop(now) if quiet is not None and quiet >= self.stall_timeout else None
+        decision = decide_stall(
+            quiet,
+            stall_timeout=self.stall_timeout,
+            armed=armed,
+            stop=episode,
+            stop_grace=stop_grace,
+            now=now,
+            owner_exiting=owner_exiting,
+        )
+        self.due = decision.until
+        return decision, quiet
+
+    @property
+    def what(self) -> str:
+        raw = bytes(self.view.obj[_WHAT_AT : _WHAT_AT + _WHAT_LEN])  # type: ignore[index]
+        return raw.partition(b"\0")[0].decode("utf-8", "replace") or "progress"
+
+    @property
+    def beats(self) -> int:
+        return int(self.view[_BEATS])
+
+    @property
+    def last_beat(self) -> float | None:
+        last = int(self.view[_LAST])
+        return last / _NS if last else None
+
+    @property
+    def helper(self) -> tuple[int, int] | None:
+        pid = int(self.view[_PID])
+        return (pid, int(self.view[_START])) if pid else None
+
+    def close(self) -> None:
+        if self.mm is not None:
+            with contextlib.suppress(Exception):
+                self.view.release()
+                self.mm.close()
+
+
+def _py_spy(pid: int) -> str | None:
+    """Native and Python frames from py-spy, when it is installed (never required)."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "dump", "--native", "--pid", str(pid)],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+#: Up to this many threads are listed one by one; beyond, the main thread and a count of
+#: the others by state and call (a sampler has dozens of RPC and event-loop threads).
+_LISTED_THREADS = 4
+
+
+def _describe_threads(tasks: list[TaskWait]) -> list[str]:
+    if len(tasks) <= _LISTED_THREADS:
+        return [t.describe() for t in tasks]
+    counts: dict[str, int] = {}
+    for t in tasks[1:]:
+        call = (t.syscall or "?").partition("(")[0]
+        key = f"{t.state} in {call}"
+        counts[key] = counts.get(key, 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [tasks[0].describe(), f"{len(tasks) - 1} other threads: {summary}"]
+
+
+def stall_diagnosis(
+    tracker: Tracker,
+    quiet: float,
+    *,
+    evidence: bool = True,
+    stack_timeout: float = 2.0,
+    dump: Callable[[list[int]], dict[int, str | None]] | None = None,
+) -> Diagnosis:
+    """The report of a stall: who waited for what, for how long; the helper's state (each
+    thread's state, wait channel and system call, with the file a read is blocked on) and,
+    with ``evidence``, its Python stacks (a helper that attached with ``stacks=True``; not
+    interrupted; ``dump`` reads them where the helper opted in, by default healthkit's
+    record directory) and native frames when py-spy is installed."""
+    helper = tracker.helper
+    pid = helper[0] if helper else None
+    last = tracker.last_beat
+    beats = tracker.beats
+    facts = [
+        f"{beats} beat{'s' if beats != 1 else ''} so far"
+        + (f", the last {time.monotonic() - last:.1f} s ago" if last is not None else ", none yet")
+    ]
+    likely = "it is alive but making no progress"
+    stacks: str | None = None
+    if pid is None:
+        likely = "no helper attached to its heartbeat (call heartbeat.attach() in the helper)"
+    elif evidence:
+        stat = read_proc_stat(pid)
+        if stat is None or stat.start_time != helper[1] or stat.state in ("Z", "X"):  # type: ignore[index]
+            likely = "the helper that attached is gone (see its death, if watched)"
+        else:
+            from healthkit._stacks import DUMPER_COMM
+
+            tasks = [t for t in read_task_wait(pid) or [] if t.comm != DUMPER_COMM]
+            facts.extend(_describe_threads(tasks))
+            if tasks:
+                main = tasks[0]
+                likely = f"it is alive and blocked: state {main.state}" + (
+                    f" in {main.syscall}" if main.syscall and main.syscall != "running" else ""
+                ) + (f" (wchan {main.wchan})" if main.wchan and main.wchan != "0" else "")
+            from healthkit._stacks import dump_stacks
+            from healthkit._userdir import record_dir
+
+            if dump is None:
+                dumped = dump_stacks(record_dir(), [pid], timeout=stack_timeout).get(pid)
+            else:  # the helper opted in elsewhere (a BoundedBarrier's directory)
+                dumped = dump([pid]).get(pid)
+            parts = []
+            if dumped:
+                parts.append(f"Python stacks of {tracker.name} (pid {pid}):\n{dumped.strip()}")
+            else:
+                facts.append("no Python stacks (the helper did not attach with stacks=True)")
+            native = _py_spy(pid)
+            if native:
+                parts.append(f"py-spy dump --native --pid {pid}:\n{native}")
+            stacks = "\n".join(parts) or None
+    now_mono, now_wall = time.monotonic(), time.time()
+    return Diagnosis(
+        name=tracker.name,
+        pid=pid,
+        exit_code=None,
+        signal=None,
+        cause=Cause.STALLED,
+        what=f"stalled: no progress for {quiet:.1f} s while {tracker.who} waited for "
+        f"{tracker.what}",
+        likely=likely,
+        evidence=tuple(facts),
+        hint=f"The stacks below show where it is stuck; if its work can legitimately take "
+        f"longer than {tracker.stall_timeout:g} s between beats, raise stall_timeout",
+        observed_at=now_mono,
+        observed_at_wall=now_wall,
+        stacks=stacks,
+    )
