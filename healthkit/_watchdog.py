@@ -221,6 +221,7 @@ class DisarmableWatchdog:
         self._set: WatchSet | None = None
         self._sidecar: SidecarLink | None = None
         self._sidecar_watch: ProcessWatch | None = None
+        self._witnessed = False  # holds a use of this process's stop-signal witness
         self._judge = Judge(
             name=self.name,
             log=logger,
@@ -375,6 +376,10 @@ class DisarmableWatchdog:
                             watch_set.remove_fd(fd)  # closed: its death is seen on its own
 
                     watch_set.add_fd(fd, take_messages)
+            elif not self._witnessed:
+                # The watcher thread judges: a witness in this process's group records the
+                # group's stop signals where no library can take them away.
+                self._witnessed = _stopsignals.acquire_witness()
             self._set = watch_set
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
@@ -442,6 +447,10 @@ class DisarmableWatchdog:
             watch_set.close()
         if sidecar is not None:
             sidecar.disarm(timeout)
+        with self._lock:
+            witnessed, self._witnessed = self._witnessed, False
+        if witnessed:
+            _stopsignals.release_witness()
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:
@@ -525,6 +534,7 @@ class DisarmableWatchdog:
         self._set = None
         self._sidecar = None
         self._sidecar_watch = None
+        self._witnessed = False
 
     def _run(self) -> None:
         try:
