@@ -482,6 +482,8 @@ class _Sidecar:
         self.seen: list[Watched] = []  # deaths seen, not yet judged
         self.stop_history: list[Signal] = []  # the owner's stop signals, as it reported them
         self.unread_since: float | None = None  # first peek of a stop byte the owner left unread
+        self.pending_since: dict[signal.Signals, float] = {}  # first seen pending for the owner
+        self.handling_since: dict[signal.Signals, float] = {}  # first seen being handled
         self.stopped: set[tuple[int, int | None]] = set()  # healthkit.stop() targets
         self.config: dict[str, Any] = {}
         self.waits = WatchSet()
@@ -600,12 +602,18 @@ class _Sidecar:
         assert self.owner is not None
         history: list[Signal] = []
         pending = _stopsignals.pending_stop(self.owner.pid)
-        if pending is not None:
-            history.append((pending, now, "pending"))
-        elif self.handlers is not None:
+        handled = None
+        if pending is None and self.handlers is not None:
             handled = self.handlers.handling()
-            if handled is not None:
-                history.append((handled, now, "handling"))
+        # Dated from when each was first seen: a signal left pending (blocked), or a mask
+        # that stays, is one stop with one start, not a new stop at every look.
+        for since, seen_now in ((self.pending_since, pending), (self.handling_since, handled)):
+            for gone in [s for s in since if s != seen_now]:
+                del since[gone]
+        if pending is not None:
+            history.append((pending, self.pending_since.setdefault(pending, now), "pending"))
+        if handled is not None:
+            history.append((handled, self.handling_since.setdefault(handled, now), "handling"))
         if self.peek is not None:
             try:
                 unread = self.peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)

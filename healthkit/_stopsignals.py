@@ -276,6 +276,11 @@ class _Listener:
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
         self.subscribers: list[Callable[[signal.Signals, float], None]] = []
         self.handlers = HandlerWatch(self.pid)
+        # When each stop signal pending now, or being handled now, was first seen: one
+        # episode with one start however many looks see it (a signal left blocked would
+        # otherwise begin a new stop at every look, and never let a deferred death fire).
+        self.pending_since: dict[signal.Signals, float] = {}
+        self.handling_since: dict[signal.Signals, float] = {}
         self.app_fd = -1  # the application's wakeup fd: every byte is relayed to it
         self.app_warn = False
         self.thread = threading.Thread(
@@ -605,8 +610,15 @@ def history() -> list[Signal]:
     with contextlib.suppress(OSError):
         listener.drain()
     with listener.lock:
-        if sig is not None:
-            listener._record(sig, now, "pending")
+        for since, seen_now in (
+            (listener.pending_since, sig),
+            (listener.handling_since, handled),
+        ):
+            for gone in [s for s in since if s != seen_now]:
+                del since[gone]
+        if sig is not None and sig not in listener.pending_since:
+            listener.pending_since[sig] = now
+            listener._record(sig, now, "pending")  # kept: its start does not move
         if witness is not None:
             for got, at in witness.read():
                 listener._record(got, at, "witnessed")
@@ -614,8 +626,13 @@ def history() -> list[Signal]:
     if witnessed is not None:
         seen.append((witnessed, now, "pending"))  # kept once its line is read
     # Not kept: if a handler was running, its byte is in the history from now on; if the
-    # thread only blocked the signal for a while, nothing stays behind.
-    return [*seen, (handled, now, "handling")] if handled is not None else seen
+    # thread only blocked the signal for a while, nothing stays behind. Dated from when it
+    # was first seen, so a mask that stays is one stop, not a new one at every look.
+    if handled is None:
+        return seen
+    with listener.lock:
+        began = listener.handling_since.setdefault(handled, now)
+    return [*seen, (handled, began, "handling")]
 
 
 def episode(now: float, grace: float) -> StopEpisode | None:
