@@ -33,7 +33,7 @@ from healthkit._errors import (
     check_str,
 )
 from healthkit._safefile import UnsafePathError, write_file
-from healthkit._stopsignals import STOP_SIGNALS
+from healthkit._stopsignals import STOP_SIGNALS, witness_pid
 
 __all__ = [
     "Action",
@@ -328,8 +328,9 @@ def terminate_helper_tree() -> None:
     """SIGTERM every process below this one, through pidfds; never blocks."""
     from healthkit._stop import watch_tree
 
+    witness = witness_pid()  # ends by itself with this process
     try:
-        watches = watch_tree(os.getpid())
+        watches = watch_tree(os.getpid(), exclude=[witness] if witness is not None else [])
     except Exception:
         return
     for watch in watches:

@@ -16,9 +16,11 @@ over :func:`healthkit._decide.decide`), from what it knows:
   learns; only when none comes is it "unknown", which fires for a process declared to run
   until disarmed and never for one allowed to finish;
 * the owner's stop episode: the stop signals the owner's listener recorded (sent here before
-  each byte is consumed), a byte still unread on the owner's wakeup socket (the sidecar holds
-  a copy of its read end and only ever *peeks*: the owner's GIL may be held, so nobody there
-  can read it), and a stop signal still pending for the owner (``/proc/<owner>/status``);
+  each byte is consumed), the stop signals the sidecar itself received (it is in the owner's
+  process group: a group stop reaches both), a byte still unread on the owner's wakeup
+  socket (the sidecar holds a copy of its read end and only ever *peeks*: the owner's GIL
+  may be held, so nobody there can read it), and a stop signal still pending for the owner
+  (``/proc/<owner>/status``);
 * the processes :func:`healthkit.stop` in the owner set out to end (sent here before any
   signal), which are never reported.
 
@@ -27,9 +29,11 @@ nor the user site can put code into it (it runs as the owner's user, often root)
 itself is imported from the exact directory the owner imported it from, and attrs from the
 owner's copy if the isolated path lacks it.
 
-Signals: the sidecar ignores SIGINT, SIGTERM and SIGHUP. It is in the owner's process group,
-so a Ctrl-C or torchrun's group SIGTERM reaches it too, and it must keep watching while the
-owner cleans up. It exits on ``disarm``, on end-of-file and when the owner is gone (its pidfd
+Signals: the sidecar survives SIGINT, SIGTERM and SIGHUP, and records when each came. It is in
+the owner's process group, so a Ctrl-C or torchrun's group SIGTERM reaches it too: it must keep
+watching while the owner cleans up, and its own record of the signal is evidence of the
+owner's stop that no library in the owner (uvloop, a ``sigwait``, a signal storm) can take
+away. It exits on ``disarm``, on end-of-file and when the owner is gone (its pidfd
 is readable, it is a zombie, or SIGKILL is pending for it; end-of-file alone is not enough:
 forked children of the owner inherit its end of the socket).
 
@@ -572,6 +576,8 @@ class _Sidecar:
         self.seen: list[Watched] = []  # deaths seen, not yet judged
         self.stop_history: list[Signal] = []  # the owner's stop signals, as it reported them
         self.unread_since: float | None = None  # first peek of a stop byte the owner left unread
+        self.pending_since: dict[signal.Signals, float] = {}  # first seen pending for the owner
+        self.handling_since: dict[signal.Signals, float] = {}  # first seen being handled
         self.stopped: set[tuple[int, int | None]] = set()  # healthkit.stop() targets
         self.config: dict[str, Any] = {}
         self.waits = WatchSet()
@@ -744,12 +750,18 @@ class _Sidecar:
         assert self.owner is not None
         history: list[Signal] = []
         pending = _stopsignals.pending_stop(self.owner.pid)
-        if pending is not None:
-            history.append((pending, now, "pending"))
-        elif self.handlers is not None:
+        handled = None
+        if pending is None and self.handlers is not None:
             handled = self.handlers.handling()
-            if handled is not None:
-                history.append((handled, now, "handling"))
+        # Dated from when each was first seen: a signal left pending (blocked), or a mask
+        # that stays, is one stop with one start, not a new stop at every look.
+        for since, seen_now in ((self.pending_since, pending), (self.handling_since, handled)):
+            for gone in [s for s in since if s != seen_now]:
+                del since[gone]
+        if pending is not None:
+            history.append((pending, self.pending_since.setdefault(pending, now), "pending"))
+        if handled is not None:
+            history.append((handled, self.handling_since.setdefault(handled, now), "handling"))
         if self.peek is not None:
             try:
                 unread = self.peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -766,6 +778,9 @@ class _Sidecar:
                 self.unread_since = None
         self.read_pending_messages()
         history.extend(self.stop_history)
+        # Taken off the sidecar's own pending set when it returned from the wait that saw the
+        # death; its handler has run since (at the first bytecode boundary).
+        history.extend((sig, at, "witnessed") for sig, at in _group_stops)
         return current_episode(history, now, float(self.config["stop_grace"]))
 
     def owner_gone(self) -> bool:
@@ -1072,9 +1087,22 @@ class _Sidecar:
                         self.done = True
 
 
+#: The stop signals this sidecar received, with when (``CLOCK_MONOTONIC``): it is in the
+#: owner's process group, so a group stop reaches it as it reaches the owner.
+_group_stops: list[tuple[signal.Signals, float]] = []
+
+
+def _witness(signum: int, frame: object) -> None:
+    _group_stops.append((signal.Signals(signum), time.monotonic()))
+
+
 def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)  # group stops are for the owner to handle
+        # Group stops are for the owner to handle; the sidecar keeps watching, and keeps the
+        # time as the owner's stop evidence that nothing in the owner can take away.
+        signal.signal(sig, _witness)
+    # Inherited from the thread that started it (an owner that sigwait()s blocks them).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(STOP_SIGNALS))
     # Until the owner's configuration arrives (apply_logging_plan), its own line on stderr.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_SIDECAR_FORMAT)
     sock = socket.socket(fileno=int(argv[0]))

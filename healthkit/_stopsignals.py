@@ -58,6 +58,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -72,22 +73,26 @@ from healthkit._errors import (
     check_seconds,
     check_signal,
 )
-from healthkit._proc import read_pending_signals, read_threads
+from healthkit._proc import read_pending_signals, read_proc_stat, read_threads
 
 __all__ = [
     "STOP_SIGNALS",
     "HandlerWatch",
     "StopEpisode",
+    "Witness",
+    "acquire_witness",
     "current_episode",
     "episode",
     "install",
     "may_be_taking_stop",
     "note_stop",
     "pending_stop",
+    "release_witness",
     "start_without_signals",
     "subscribe",
     "take_signals_again",
     "unsubscribe",
+    "witness_pid",
 ]
 
 #: The signals that mean "stop" when a launcher, a terminal or a scheduler sends them.
@@ -95,9 +100,10 @@ STOP_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 _STOP_MASK: Final = sum(1 << (sig - 1) for sig in STOP_SIGNALS)  # as in /proc's SigBlk
 
 #: How a stop signal was seen: delivered (the wakeup fd), pending (``/proc``, not yet taken
-#: by any thread), being handled (taken, its handler still running), or noted by the
-#: application (:func:`note_stop`).
-Seen = Literal["delivered", "pending", "handling", "noted"]
+#: by any thread), being handled (taken, its handler still running), noted by the
+#: application (:func:`note_stop`), or witnessed (received by another process of this
+#: process's group that does nothing but record stop signals: :class:`Witness`).
+Seen = Literal["delivered", "pending", "handling", "noted", "witnessed"]
 
 _HISTORY = 64  # stop signals remembered; an episode never needs more than the last few
 
@@ -120,6 +126,7 @@ class StopEpisode:
             "pending": "pending",
             "handling": "being handled",
             "noted": "noted",
+            "witnessed": "received by the process group",
         }[self.seen]
         return f"{self.signal.name} {how} {max(0.0, now - self.began):.2f}s ago"
 
@@ -274,6 +281,11 @@ class _Listener:
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
         self.subscribers: list[Callable[[signal.Signals, float], None]] = []
         self.handlers = HandlerWatch(self.pid)
+        # When each stop signal pending now, or being handled now, was first seen: one
+        # episode with one start however many looks see it (a signal left blocked would
+        # otherwise begin a new stop at every look, and never let a deferred death fire).
+        self.pending_since: dict[signal.Signals, float] = {}
+        self.handling_since: dict[signal.Signals, float] = {}
         self.app_fd = -1  # the application's wakeup fd: every byte is relayed to it
         self.app_warn = False
         self.thread = threading.Thread(
@@ -331,6 +343,171 @@ class _Listener:
                 )
         except OSError:
             pass
+
+
+#: The witness process: it records the stop signals its process group receives, and nothing
+#: else. It inherits a mask (an owner that ``sigwait``\ s) and ignored signals from its
+#: owner, so it sets both; every other signal whose default would end it is ignored, so only
+#: SIGKILL, a stop of the group's job control, or its owner's end stop it.
+_WITNESS_MAIN = r"""
+import os, select, signal, sys, time
+out, owner = int(sys.argv[1]), int(sys.argv[2])
+stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+keep = stops | {signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
+                signal.SIGCONT, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                signal.SIGILL, signal.SIGABRT, signal.SIGTRAP, signal.SIGSYS, signal.SIGWINCH,
+                signal.SIGURG}
+def seen(signum, frame):
+    try:
+        os.write(out, b"%d %.6f\n" % (signum, time.monotonic()))
+    except OSError:
+        os._exit(0)  # the owner is gone
+for sig in stops:
+    signal.signal(sig, seen)
+for sig in signal.valid_signals() - keep:
+    signal.signal(sig, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_SETMASK, ())
+os.write(out, b"ready\n")
+while os.getppid() == owner:
+    ready, _, _ = select.select([0], [], [], 1.0)
+    if ready and not os.read(0, 64):
+        break
+"""
+_WITNESS_START_S = 30.0  # interpreter start-up on a loaded 2-core machine
+
+
+class Witness:
+    """A small process in this process's group that records each stop signal it receives.
+
+    A signal sent to the group (torchrun's ``killpg(SIGTERM)``, a terminal's Ctrl-C) reaches
+    every member at once, so the witness's record is this process's too, and nothing this
+    process does can take it away: an event loop that binds ``signal.set_wakeup_fd`` before
+    healthkit (uvloop), a ``sigwait`` that consumes the signal, a wakeup socket that a storm
+    of other signals filled while the listener waited for the GIL. Its handler stamps the
+    time in its own process (it never waits for anyone's GIL) and writes one line to a pipe,
+    which holds thousands of lines until this process reads them. Between the kernel taking
+    the signal and the line, the signal is pending for the witness or the witness is running
+    (it runs for nothing else): :meth:`pending` and :meth:`busy` see that moment.
+
+    A signal sent to this process alone does not reach the witness; the wakeup fd still
+    records it when it can.
+    """
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        rfd, wfd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WITNESS_MAIN, str(wfd), str(self.owner)],
+                pass_fds=[wfd],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+            )
+        except BaseException:
+            os.close(rfd)
+            raise
+        finally:
+            os.close(wfd)
+        self.rfd = rfd
+        self.buf = b""
+        self.lines: list[tuple[signal.Signals, float]] = []
+        deadline = time.monotonic() + _WITNESS_START_S
+        while b"ready\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                self.close()
+                raise OSError("the stop-signal witness did not start in time")
+            chunk = os.read(rfd, 4096)
+            if not chunk:
+                self.close()
+                raise OSError("the stop-signal witness ended at start")
+            self.buf += chunk
+        self.buf = self.buf.split(b"ready\n", 1)[1]
+        os.set_blocking(rfd, False)
+        self.pid = self.proc.pid
+
+    def read(self) -> list[tuple[signal.Signals, float]]:
+        """The stop signals recorded since the last read, with the witness's time for each."""
+        while True:
+            try:
+                chunk = os.read(self.rfd, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                num, at = line.split()
+                out.append((signal.Signals(int(num)), float(at)))
+        return out
+
+    def pending(self) -> signal.Signals | None:
+        """A stop signal queued for the witness that its handler has not taken yet."""
+        return pending_stop(self.pid)
+
+    def busy(self) -> bool:
+        """Is the witness running (it runs only to record a signal, or to end)?"""
+        stat = read_proc_stat(self.pid)
+        return stat is not None and stat.state in ("R", "D")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.rfd)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()  # our unreaped child: the pid is still ours
+        self.proc.wait()
+
+
+_witness: Witness | None = None
+_witness_users = 0
+
+
+def acquire_witness() -> bool:
+    """Start this process's witness, or count one more user of it. ``False`` if it could not
+    start (the wakeup fd then stands alone)."""
+    global _witness, _witness_users
+    with _install_lock:
+        if _witness is not None and _witness.owner != os.getpid():
+            _witness, _witness_users = None, 0  # the parent's, in a forked child
+        if _witness is None:
+            try:
+                _witness = Witness()
+            except OSError:
+                return False
+        _witness_users += 1
+        return True
+
+
+def release_witness() -> None:
+    """One user fewer; the last one ends the witness."""
+    global _witness, _witness_users
+    with _install_lock:
+        if _witness is None or _witness.owner != os.getpid():
+            return
+        _witness_users -= 1
+        if _witness_users > 0:
+            return
+        witness, _witness = _witness, None
+    witness.close()
+
+
+def witness_pid() -> int | None:
+    """The pid of this process's witness, if one runs (healthkit's own tree stops spare it)."""
+    witness = _this_witness()
+    return witness.pid if witness is not None else None
+
+
+def _this_witness() -> Witness | None:
+    witness = _witness
+    return witness if witness is not None and witness.owner == os.getpid() else None
 
 
 _listener: _Listener | None = None
@@ -395,7 +572,11 @@ def install() -> bool:
 def _reset_in_child() -> None:
     """After fork, in the child: the parent's listener is not ours. Hand the interpreter the
     application's wakeup fd back (the child's main thread is the thread that forked)."""
-    global _listener
+    global _listener, _witness, _witness_users
+    witness, _witness, _witness_users = _witness, None, 0
+    if witness is not None:  # the parent's: never ours to end
+        with contextlib.suppress(OSError):
+            os.close(witness.rfd)
     listener, _listener = _listener, None
     if listener is None:
         return
@@ -426,18 +607,37 @@ def history() -> list[Signal]:
     # (its byte on the socket), then read. Looked at in that order, a signal that moves on
     # between two looks is still caught by the next.
     sig = pending_stop(os.getpid())
+    witness = _this_witness()
+    witnessed = witness.pending() if witness is not None else None
     if listener is None:
         return [(sig, now, "pending")] if sig is not None else []
     handled = listener.handlers.handling() if sig is None else None
     with contextlib.suppress(OSError):
         listener.drain()
     with listener.lock:
-        if sig is not None:
-            listener._record(sig, now, "pending")
+        for since, seen_now in (
+            (listener.pending_since, sig),
+            (listener.handling_since, handled),
+        ):
+            for gone in [s for s in since if s != seen_now]:
+                del since[gone]
+        if sig is not None and sig not in listener.pending_since:
+            listener.pending_since[sig] = now
+            listener._record(sig, now, "pending")  # kept: its start does not move
+        if witness is not None:
+            for got, at in witness.read():
+                listener._record(got, at, "witnessed")
         seen = list(listener.history)
+    if witnessed is not None:
+        seen.append((witnessed, now, "pending"))  # kept once its line is read
     # Not kept: if a handler was running, its byte is in the history from now on; if the
-    # thread only blocked the signal for a while, nothing stays behind.
-    return [*seen, (handled, now, "handling")] if handled is not None else seen
+    # thread only blocked the signal for a while, nothing stays behind. Dated from when it
+    # was first seen, so a mask that stays is one stop, not a new one at every look.
+    if handled is None:
+        return seen
+    with listener.lock:
+        began = listener.handling_since.setdefault(handled, now)
+    return [*seen, (handled, began, "handling")]
 
 
 def episode(now: float, grace: float) -> StopEpisode | None:
@@ -451,6 +651,9 @@ def may_be_taking_stop() -> bool:
     listener = _here()
     if listener is None:
         return False
+    witness = _this_witness()
+    if witness is not None and witness.busy():
+        return True
     return listener.handlers.running(besides=threading.get_native_id())
 
 

@@ -290,6 +290,7 @@ class DisarmableWatchdog:
         self._job: _jobnotice.JobScope | None = None
         self._progress: list[ProgressWatch] = []
         self._trackers: dict[int, Tracker] = {}  # id(progress watch) -> tracker (thread mode)
+        self._witnessed = False  # holds a use of this process's stop-signal witness
         self._judge = Judge(
             name=self.name,
             log=logger,
@@ -499,13 +500,18 @@ class DisarmableWatchdog:
                             watch_set.remove_fd(fd)  # closed: its death is seen on its own
 
                     watch_set.add_fd(fd, take_messages)
-            elif self._job is not None and not self._interactive:
-                # Beside the rank: names the rank's own death (an OOM kill of the trainer
-                # itself) in its error file and tells the job. It imports nothing heavy
-                # unless the rank dies.
-                self._witness = _WITNESS.acquire(self, self._job)
-                self._witness_watch = self._witness.process_watch()
-                watch_set.add(self._witness_watch)
+            else:
+                if not self._witnessed:
+                    # The watcher thread judges: a witness in this process's group records
+                    # the group's stop signals where no library can take them away.
+                    self._witnessed = _stopsignals.acquire_witness()
+                if self._job is not None and not self._interactive:
+                    # Beside the rank: names the rank's own death (an OOM kill of the
+                    # trainer itself) in its error file and tells the job. It imports
+                    # nothing heavy unless the rank dies.
+                    self._witness = _WITNESS.acquire(self, self._job)
+                    self._witness_watch = self._witness.process_watch()
+                    watch_set.add(self._witness_watch)
             self._set = watch_set
             for progress in self._progress:
                 self._start_progress(progress)
@@ -612,6 +618,10 @@ class DisarmableWatchdog:
             sidecar.disarm(timeout)
         if witness is not None:
             _WITNESS.release(self, timeout, at_exit=reason == _AT_SHUTDOWN)
+        with self._lock:
+            witnessed, self._witnessed = self._witnessed, False
+        if witnessed:
+            _stopsignals.release_witness()
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:
@@ -701,6 +711,7 @@ class DisarmableWatchdog:
         self._sidecar_watch = None
         self._witness = None
         self._witness_watch = None
+        self._witnessed = False
 
     def _run(self) -> None:
         try:

@@ -222,3 +222,21 @@ def test_an_idle_process_is_taking_no_signal() -> None:
         busy.kill()
         busy.wait()
     assert not _stopsignals.HandlerWatch(2**22 + 12345).running()
+
+
+def test_proc_files_read_holding_the_gil_read_what_open_reads(tmp_path: Path) -> None:
+    """``/proc/<pid>/{stat,status}`` are read through libc with the GIL kept (a busy main
+    thread can make a released-and-retaken GIL wait a switch interval): the same bytes as
+    Python's own calls, several buffers long, and the same errors."""
+    from healthkit._proc import read_small
+
+    me = os.getpid()
+    stat = Path(f"/proc/{me}/stat").read_bytes()
+    assert read_small(f"/proc/{me}/stat").split()[:2] == stat.split()[:2]
+    status = read_small(f"/proc/{me}/status")
+    assert status.startswith(b"Name:") and b"SigBlk:" in status
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 64)  # 16 KiB: four reads
+    assert read_small(str(big)) == big.read_bytes()
+    with pytest.raises(FileNotFoundError):
+        read_small(str(tmp_path / "missing"))

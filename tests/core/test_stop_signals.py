@@ -158,6 +158,101 @@ def test_a_signal_no_thread_can_take_is_seen_pending() -> None:
     assert _stopsignals.pending_stop(os.getpid()) is None
 
 
+@pytest.mark.timeout(60)
+def test_the_witness_keeps_a_group_stop_that_a_library_took_from_the_wakeup_fd() -> None:
+    """A library that bound ``signal.set_wakeup_fd`` before healthkit (uvloop) takes the fd:
+    delivered stops leave no byte for healthkit. A stop sent to the whole group still reaches
+    the witness, with its time; its twin, a stop sent to this process alone, does not (the
+    documented limit), and a witness whose last user let go is gone, reaped."""
+    code = """
+        import os, signal, time
+        from healthkit import _stopsignals
+        assert _stopsignals.install()
+        assert _stopsignals.acquire_witness() and _stopsignals.acquire_witness()
+        witness = _stopsignals.witness_pid()
+        _stopsignals._real_set_wakeup_fd(-1)  # as a loop that bound the real one does
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        os.kill(os.getpid(), signal.SIGTERM)  # this process alone
+        time.sleep(0.3)
+        print(_stopsignals.episode(time.monotonic(), 30.0))
+        before = time.monotonic()
+        os.killpg(0, signal.SIGTERM)  # the whole group, as torchrun does
+        time.sleep(0.3)
+        ep = _stopsignals.episode(time.monotonic(), 30.0)
+        print(ep.signal.name, ep.seen, before <= ep.began <= time.monotonic())
+        _stopsignals.release_witness()
+        print(_stopsignals.witness_pid() == witness)  # one user left: still running
+        _stopsignals.release_witness()
+        print(_stopsignals.witness_pid(), os.path.exists(f"/proc/{witness}"))
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        start_new_session=True,  # its group stop stays in its group
+    )
+    assert proc.stdout.split() == [
+        "None", "SIGTERM", "witnessed", "True", "True", "None", "False"
+    ], proc.stderr
+
+
+def test_a_stop_left_pending_is_one_episode_with_one_start() -> None:
+    """A stop signal that stays blocked (pending) for good is one stop, dated from when it
+    was first seen: its episode ends after the grace, so a death it excused is reported then
+    instead of never. Its twin: a new stop signal after that begins a new episode."""
+    code = """
+        import os, signal, time
+        from healthkit import _stopsignals
+        assert _stopsignals.install()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+        os.kill(os.getpid(), signal.SIGTERM)
+        first = _stopsignals.episode(time.monotonic(), 0.5)
+        time.sleep(0.2)
+        again = _stopsignals.episode(time.monotonic(), 0.5)
+        print(first.seen, abs(again.began - first.began) < 0.05)
+        time.sleep(0.5)
+        still = _stopsignals.pending_stop(os.getpid()).name
+        print(still, _stopsignals.episode(time.monotonic(), 0.5))
+        os.kill(os.getpid(), signal.SIGHUP)  # still blocked: pending beside the SIGTERM
+        print(_stopsignals.episode(time.monotonic(), 0.5))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # discards the pending SIGTERM
+        later = _stopsignals.episode(time.monotonic(), 0.5)
+        print(later.signal.name, later.began > first.began + 0.5)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    expected = ["pending", "True", "SIGTERM", "None", "None", "SIGHUP", "True"]
+    assert proc.stdout.split() == expected, (proc.stdout, proc.stderr)
+
+
+def test_a_mask_that_grows_after_arm_defers_for_one_grace_not_for_ever() -> None:
+    """A thread that starts blocking the stop signals after it was first seen (a critical
+    section) looks like a stop being handled: one episode, dated from when the mask was
+    first seen, that ends after the grace (before, every look began a new one and a death it
+    excused was never reported). Its twin: the mask lifted, nothing is under way."""
+    code = """
+        import os, signal, time
+        from healthkit import _stopsignals
+        assert _stopsignals.install()
+        time.sleep(0.1)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        first = _stopsignals.episode(time.monotonic(), 0.5)
+        time.sleep(0.2)
+        again = _stopsignals.episode(time.monotonic(), 0.5)
+        print(first.seen, abs(again.began - first.began) < 0.05)
+        time.sleep(0.5)
+        print(_stopsignals.episode(time.monotonic(), 0.5))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        print(_stopsignals.episode(time.monotonic(), 0.5))
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["handling", "True", "None", "None"], (proc.stdout, proc.stderr)
+
+
 def test_note_stop_begins_an_episode_that_ends_after_the_grace() -> None:
     code = """
         import time

@@ -11,7 +11,9 @@ it to arm, stops it and reads how it ended. A cell says how:
   are in their own sessions), as systemd stops a unit: must never fire;
 - ``stop="helper-alone"``: SIGTERM to one helper only, the owner untouched: must fire;
 - ``how="owner-alone"``: the stop signal to the owner only, which handles it and carries on;
-  then a helper dies (``death``): must fire, once the stop's grace is over.
+  then a helper dies (``death``): must fire, once the stop's grace is over;
+- ``owner="sig-ign"``: a group stop that the owner ignores: the helpers die of it and the owner
+  carries on: must fire, once the stop's grace is over.
 
 Runs go in parallel batches: most of a run is waiting.
 """
@@ -51,6 +53,11 @@ OWNERS = (
     "two-sidecars",
     "handler-stops-helper",
     "own-session",
+    "uvloop",
+    "uvloop-signal",
+    "sigwait",
+    "storm-alrm",
+    "sig-ign",
 )
 DEATHS = ("exit1", "exit3", "sigterm", "sigkill")
 SURVIVED_GRACE = 2.0  # --stop-grace of the owners that survive their stop
@@ -76,7 +83,8 @@ class Cell:
 
     @property
     def expect_fire(self) -> bool:
-        return self.stop == "helper-alone" or self.how == "owner-alone"
+        # An owner that ignores the stop carries on without the helpers the stop ended.
+        return self.stop == "helper-alone" or self.how == "owner-alone" or self.owner == "sig-ign"
 
 
 @dataclass
@@ -108,6 +116,8 @@ class _Run:
             sys.executable, OWNER, "--mode", cell.mode, "--start-method", cell.start_method,
             "--stop", stop, "--cleanup", str(cell.cleanup), "--owner", cell.owner,
         ]  # fmt: skip
+        if cell.owner == "sig-ign":
+            args += ["--stop-grace", str(SURVIVED_GRACE)]
         if cell.how == "owner-alone":
             args += ["--survive", "--stop-grace", str(SURVIVED_GRACE)]
             if cell.death in ("exit1", "exit3"):
@@ -207,7 +217,9 @@ def _end(pids: Iterable[int]) -> list[int]:
 
 def _settle(cell: Cell) -> float:
     """How long to let a ready owner settle before stopping it: every watcher blocked in its
-    wait; the uninterruptible owner inside its wait."""
+    wait; the uninterruptible owner inside its wait; the storm's wakeup socket full."""
+    if cell.owner == "storm-alrm":  # the wakeup socket is full 0.3 s into the storm
+        return 0.6
     return 0.5 if cell.owner == "uninterruptible" else 0.05
 
 
@@ -275,7 +287,9 @@ def owner_cells() -> list[Cell]:
     cells = []
     for owner in OWNERS:
         modes = ("sidecar",) if owner == "two-sidecars" else MODES
-        stops = ("term",) if owner in ("handler-stops-helper", "own-session") else STOPS
+        # A forked helper inherits an ignored SIGINT: only SIGTERM ends the helpers of sig-ign.
+        one = ("handler-stops-helper", "own-session", "sig-ign")
+        stops = ("term",) if owner in one else STOPS
         how = "owner-then-each" if owner == "own-session" else "group"
         for mode in modes:
             cells += [Cell(mode, "fork", stop, 0.2, owner, how) for stop in stops]

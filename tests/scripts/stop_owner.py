@@ -27,7 +27,19 @@ reopen): it prints "HANDLED" and keeps running, and its helpers stay its respons
 - ``handler-stops-helper``: the SIGTERM handler stops a helper that ignores SIGTERM with
   ``healthkit.stop()`` (SIGKILL after 0.3 s) before exiting;
 - ``own-session``: the helpers start their own sessions (the test then stops each process in
-  turn, owner first, as systemd does).
+  turn, owner first, as systemd does);
+- ``uvloop``: uvloop is imported before ``arm()`` (it binds ``signal.set_wakeup_fd`` at import,
+  so healthkit's stand-in never applies to it), armed, then ``uvloop.run`` of a loop (which
+  takes the wakeup fd when it starts) that installs its handlers with
+  ``loop.add_signal_handler``: delivered stops bypass healthkit's wakeup fd;
+- ``uvloop-signal``: ``signal.signal`` handlers, armed, then ``uvloop.run`` of a loop that waits;
+- ``sigwait``: the stop signals are blocked in every thread from the start and the main
+  thread takes them with ``signal.sigwait`` (no handler runs, nothing stays pending);
+- ``storm-alrm``: a 1 kHz SIGALRM with a Python handler while the main thread sits in a
+  C call that holds the GIL (``sum`` over a long range): the wakeup socket fills up while the
+  stop listener waits for the GIL, and further signal bytes (the stop's too) are dropped;
+- ``sig-ign``: the stop signal is ignored (``SIG_IGN``): a group stop ends the helpers and the
+  owner carries on, so their deaths must be reported (once the stop's grace is over).
 
 A helper ends on SIGUSR1 the way ``--helper-death`` says (``exit1``: an uncaught exception,
 ``exit3``: ``sys.exit(3)``), so a test can make it fail with an exit code.
@@ -55,6 +67,8 @@ STOP_SIGNALS = {"term": signal.SIGTERM, "int": signal.SIGINT, "hup": signal.SIGH
 def helper(death: str, own_session: bool, ignore_term: bool) -> None:
     if own_session:
         os.setsid()
+    # A sigwait() owner blocked the stop signals before starting it; a helper takes them.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS.values()))
     # A forked helper inherits the owner's handlers; a helper's own disposition is the default
     # (one that survives its stop as the owner does would outlive every teardown).
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -110,11 +124,19 @@ def main() -> None:
     ap.add_argument("--blocked", type=int, default=3)
     args = ap.parse_args()
     stop_signal = STOP_SIGNALS[args.stop]
-    asyncio_owner = args.owner.startswith("asyncio-") and args.owner != "asyncio-finished"
+    asyncio_owner = (
+        args.owner.startswith("asyncio-") and args.owner != "asyncio-finished"
+    ) or args.owner == "uvloop"
+    if args.owner.startswith("uvloop"):
+        import uvloop  # before arm(): it binds signal.set_wakeup_fd now
+    if args.owner == "sigwait":
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS.values()))
     # exits the process (or returns, to carry on), from any of the handlers below
     state = {"helpers": [], "stopping": False}
 
     def on_stop(signum: int = int(stop_signal), frame: object = None) -> None:
+        if args.owner == "storm-alrm":  # no SIGALRM left to end it once its handler is gone
+            signal.setitimer(signal.ITIMER_REAL, 0)
         if args.survive:
             print("HANDLED", flush=True)
             return
@@ -123,7 +145,9 @@ def main() -> None:
         cleanup(args.cleanup)
         sys.exit(0)
 
-    if not asyncio_owner and stop_signal != signal.SIGINT:
+    if args.owner == "sig-ign":
+        signal.signal(stop_signal, signal.SIG_IGN)
+    elif not asyncio_owner and args.owner != "sigwait" and stop_signal != signal.SIGINT:
         signal.signal(stop_signal, on_stop)
     if args.owner == "asyncio-finished":
 
@@ -165,6 +189,7 @@ def main() -> None:
         sidecars = " ".join(str(wd.sidecar_pid or 0) for wd in wds)
         print("READY", " ".join(str(p.pid) for p in helpers), sidecars, flush=True)
 
+    before_loop: list[hk.DisarmableWatchdog] = []
     if asyncio_owner:
 
         async def serve() -> None:
@@ -177,7 +202,7 @@ def main() -> None:
                     return
                 stopped.set()
 
-            wds: list[hk.DisarmableWatchdog] = []
+            wds: list[hk.DisarmableWatchdog] = before_loop
             if args.owner == "asyncio-after-arm":
                 wds = arm()
             loop.add_signal_handler(signal.SIGUSR2, lambda: None)
@@ -193,10 +218,41 @@ def main() -> None:
             await asyncio.sleep(args.cleanup)
             sys.exit(0)
 
-        asyncio.run(serve())
+        if args.owner == "uvloop":
+            before_loop = arm()  # the loop then takes the wakeup fd back when it starts
+            uvloop.run(serve())
+        else:
+            asyncio.run(serve())
         return
 
     ready(arm())
+    if args.owner == "uvloop-signal":
+        if stop_signal == signal.SIGINT:
+            signal.signal(signal.SIGINT, on_stop)  # KeyboardInterrupt inside uvloop.run
+
+        async def wait() -> None:
+            await asyncio.sleep(120)
+
+        uvloop.run(wait())
+        print("NOT STOPPED", flush=True)
+        return
+    if args.owner == "sigwait":
+        while True:
+            signal.sigwait({stop_signal})
+            if not args.survive:
+                on_stop()
+            print("HANDLED", flush=True)
+    if args.owner == "storm-alrm":
+        signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                sum(range(60_000_000))  # one to four seconds in C, holding the GIL
+            except KeyboardInterrupt:
+                on_stop()
+        print("NOT STOPPED", flush=True)
+        return
     end = time.monotonic() + 120
     while time.monotonic() < end:
         try:
