@@ -37,10 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import healthkit_torch
 import torch
 from torch.utils.data import DataLoader, Dataset
-
-import healthkit_torch
 
 STEP_S = 0.02
 
@@ -89,7 +88,7 @@ def one_trial(ctx: str, situation: str, watched: bool) -> tuple[float, str]:
             while True:
                 next(it)
                 spin(STEP_S)
-    except RuntimeError as e:
+    except Exception as e:  # stock torch also lets EOFError/ConnectionResetError through
         took = time.monotonic() - t0
         kind = type(e).__name__
     finally:
