@@ -10,8 +10,9 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)  # `import dl_helpers`, also inside spawn/forkserver workers
+for _path in (os.path.dirname(HERE), HERE):  # tests/ (api_table), tests/dataloader
+    if _path not in sys.path:
+        sys.path.insert(0, _path)  # `import dl_helpers`, also inside spawn/forkserver workers
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (HERE, os.environ.get("PYTHONPATH", "")) if p
 )

@@ -413,8 +413,7 @@ def test_bad_input_is_a_typed_error() -> None:
     with pytest.raises(TypeError, match=r"loader must be a torch\.utils\.data\.DataLoader"):
         healthkit_torch.watch([1, 2, 3])  # type: ignore[type-var]
     with pytest.raises(TypeError, match="enabled"):
-        with healthkit_torch.watching_all("yes"):  # type: ignore[arg-type]
-            pass
+        healthkit_torch.watching_all("yes")  # type: ignore[arg-type]
 
 
 def test_a_single_process_loader_is_left_alone() -> None:

@@ -511,14 +511,18 @@ _watch_all_lock = threading.Lock()
 _watch_all_depth = 0
 
 
-@contextlib.contextmanager
-def watching_all(enabled: bool = True) -> Iterator[None]:
+def watching_all(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Watch the workers of every DataLoader iterated inside the block, also those made
     inside other libraries (a trainer's own loaders), by patching
     ``torch.utils.data.DataLoader._get_iterator`` for the block's duration (nestable).
     ``enabled=False`` makes it a no-op, for code that decides by a flag."""
-    global _watch_all_depth
     check_bool(enabled, "enabled")
+    return _watching_all(enabled)
+
+
+@contextlib.contextmanager
+def _watching_all(enabled: bool) -> Iterator[None]:
+    global _watch_all_depth
     if not enabled:
         yield
         return
@@ -534,4 +538,3 @@ def watching_all(enabled: bool = True) -> Iterator[None]:
             _watch_all_depth -= 1
             if _watch_all_depth == 0:
                 base._get_iterator = _ORIGINAL_GET_ITERATOR  # type: ignore[method-assign, assignment]
-
