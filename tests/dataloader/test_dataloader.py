@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import os
+import select
 import signal
 import time
 from collections.abc import Iterator
@@ -27,12 +28,12 @@ from torch.utils.data import DataLoader
 
 from healthkit import Cause, HealthkitError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(150)
 
 CONTEXTS = ("fork", "spawn", "forkserver")
 # "Does not hang": the latency figures are the benchmark's. Which path raised is asserted
 # instead (healthkit's wake-up, or torch's SIGCHLD handler), not how fast on a loaded machine.
-HANG_S = 30.0
+HANG_S = 90.0
 
 
 def loader(dataset: Any = None, *, ctx: str = "fork", workers: int = 2, **kw: Any) -> Any:
@@ -45,7 +46,7 @@ def loader(dataset: Any = None, *, ctx: str = "fork", workers: int = 2, **kw: An
     )
 
 
-def drain(it: Iterator[Any], limit: float = 30.0) -> int:
+def drain(it: Iterator[Any], limit: float = 90.0) -> int:
     n, deadline = 0, time.monotonic() + limit
     for _ in it:
         n += 1
@@ -53,7 +54,7 @@ def drain(it: Iterator[Any], limit: float = 30.0) -> int:
     return n
 
 
-def raised_by(it: Iterator[Any], limit: float = 30.0) -> tuple[BaseException, float]:
+def raised_by(it: Iterator[Any], limit: float = 90.0) -> tuple[BaseException, float]:
     """Iterate until an error; return it and how long after the call began it came."""
     t0 = time.monotonic()
     try:
@@ -113,8 +114,8 @@ def test_a_worker_killed_by_hand_while_main_waits_is_named_at_once_unconfirmed(c
     assert took < HANG_S, took
     if ctx == "forkserver":  # no SIGCHLD: torch has only its 5 s check, healthkit woke it
         assert err.__cause__ is None, repr(err.__cause__)
-    else:  # torch's SIGCHLD handler saw it too: its error is the cause, intact
-        assert "is killed by signal: Killed" in str(err.__cause__), repr(err.__cause__)
+    else:  # a child: torch's SIGCHLD handler may see it first (its error is the cause)
+        assert err.__cause__ is None or "is killed by signal: Killed" in str(err.__cause__)
     victim.join(5)
     assert victim.exitcode == -signal.SIGKILL
     end(it)
@@ -150,6 +151,39 @@ def test_a_worker_killed_while_main_computes_raises_by_the_next_batch(ctx: str) 
         assert err.__cause__ is None  # raised by the first next(), not torch's 5 s check
         assert time.monotonic() - t1 < HANG_S
     end(it)
+    del it
+
+
+def test_torchs_sigchld_handler_still_runs_first_and_its_error_becomes_the_cause() -> None:
+    """The SIGCHLD handler in place after watching is torch's, chained: called once a fork
+    worker is dead, torch's own check (waitid WNOWAIT on the registered workers) raises its
+    error, which comes out as healthkit's diagnosis of the same death, ``from`` torch's. The
+    worker stays a zombie for torch: its exitcode reads -9 afterwards."""
+    it = iter(healthkit_torch.watch(loader()))
+    next(it)
+    victim = it._workers[0]
+    handler = signal.getsignal(signal.SIGCHLD)
+    assert callable(handler)
+    old = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this test calls it, not the kernel
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+        # Wait until the whole worker is a zombie (its pidfd readable; its main thread
+        # shows "Z" in /proc earlier, while its other threads still exit).
+        fd = os.pidfd_open(victim.pid)
+        try:
+            assert select.select([fd], [], [], HANG_S)[0]
+        finally:
+            os.close(fd)
+        with pytest.raises(DataLoaderWorkerError) as info:
+            handler(signal.SIGCHLD, None)
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    assert f"DataLoader worker (pid {victim.pid}) is killed by signal: Killed" in str(
+        info.value.__cause__)
+    assert str(info.value).startswith(f"DataLoader worker 0 (pid {victim.pid}) was killed")
+    del info
+    end(it)
+    assert victim.exitcode == -signal.SIGKILL
     del it
 
 

@@ -191,6 +191,7 @@ class _Guard:
         err = self.error()
         if err is not None:
             self._report(err)
+            _raised(err)
             try:
                 raise err
             finally:
@@ -242,6 +243,7 @@ class _Guard:
                 found = self._clean_exit(dead[0])
         if found is not None:
             self._report(found)
+            _raised(found)
         return found
 
     def _clean_exit(self, watch: ProcessWatch) -> DataLoaderWorkerError:
@@ -278,6 +280,15 @@ def _pids_in(message: str) -> set[int]:
 
 
 _GUARDS: weakref.WeakSet[_Guard] = weakref.WeakSet()
+#: Workers whose death this process has raised as DataLoaderWorkerError (the newest few).
+_RAISED: dict[int, None] = {}
+
+
+def _raised(err: DataLoaderWorkerError) -> None:
+    if err.pid is not None:
+        _RAISED[err.pid] = None
+        while len(_RAISED) > 1024:
+            del _RAISED[next(iter(_RAISED))]
 _diagnoser_lock = threading.Lock()
 _shared: tuple[int, ExitDiagnoser] | None = None
 
@@ -320,6 +331,12 @@ def _install_sigchld_chain() -> None:
         except RuntimeError as e:
             if isinstance(e, DataLoaderWorkerError) or os.getpid() != owner:
                 raise
+            pids = _pids_in(str(e))
+            if pids and all(p in _RAISED for p in pids):
+                # The same death, already raised by the iterator (its wake-up can come
+                # before this signal is handled): torch's copy would surface a second time
+                # wherever the main thread is next, e.g. inside the iterator's shutdown.
+                return
             err = _explain_anywhere(e)
             if err is None:
                 raise
