@@ -56,3 +56,15 @@ def test_the_exported_error_pickles_with_its_attributes() -> None:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is ht.DataLoaderWorkerError and isinstance(back, RuntimeError)
     assert (str(back), back.worker_id, back.pid, back.diagnosis) == (str(err), 1, 4242, d)
+
+
+def test_docs_index_lists_exactly_the_public_names() -> None:
+    import re
+    from pathlib import Path
+
+    index = (Path(__file__).resolve().parents[2] / "docs" / "index.md").read_text()
+    section = index[index.index("## Public names") : index.index("## Pages")]
+    bullet = re.search(r"- `healthkit_torch`[^:]*:(.*?)(?=\n- `|\Z)", section, re.S)
+    assert bullet is not None
+    assert set(re.findall(r"`(\w+)`", bullet.group(1))) == set(ht.__all__)
+    assert list(ht.__all__) == sorted(ht.__all__)
