@@ -26,6 +26,8 @@ SECTIONS: dict[str, ModuleType] = {
 
 DOCS_LINKS = {
     "docs/benchmarks-glt.md": "GLT (graphlearn-torch) figures",
+    "docs/benchmarks-dataloader.md": "DataLoader workers: death-to-error latency and throughput, "
+    "stock torch vs healthkit_torch",
     "docs/graphlearn.md": "graph-learn (tzrec sampler server) integration and figures",
     "docs/glt.md": "GLT integration guide",
 }
