@@ -28,6 +28,8 @@ DOCS_LINKS = {
     "docs/benchmarks-progress.md": "Progress watch: the cost of a beat, wake-ups per watch, "
     "stall to action",
     "docs/benchmarks-glt.md": "GLT (graphlearn-torch) figures",
+    "docs/benchmarks-dataloader.md": "DataLoader workers: death-to-error latency and throughput, "
+    "stock torch vs healthkit_torch",
     "docs/graphlearn.md": "graph-learn (tzrec sampler server) integration and figures",
     "docs/glt.md": "GLT integration guide",
 }

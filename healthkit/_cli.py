@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import sys
 from collections.abc import Callable
 
@@ -23,15 +25,55 @@ def _seconds(flag: str) -> Callable[[str], float]:
     return parse
 
 
-def _return_code(text: str) -> int:
+# torch's DataLoader reports (torch/csrc/DataLoader.cpp, torch/utils/data/dataloader.py): the
+# SIGCHLD handler's "is killed by signal: <strsignal>" and "exited unexpectedly with exit code
+# N", both with the worker's pid.
+_TORCH_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)")
+_TORCH_EXITED = re.compile(
+    r"DataLoader worker \(pid (\d+)\) exited unexpectedly with exit code (-?\d+)"
+)
+_TORCH_UNKNOWN = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
+
+
+def _torch_line(text: str) -> tuple[int, int] | None:
+    """(return code, pid) from a torch DataLoader worker line, ``None`` if it is not one."""
+    m = _TORCH_KILLED.search(text)
+    if m is not None:
+        by_text = {signal.strsignal(s): s for s in signal.Signals}
+        sig = by_text.get(m.group(2).strip())
+        if sig is None:
+            raise argparse.ArgumentTypeError(
+                f"torch's line names a signal this machine does not know: {m.group(2)!r}; "
+                "pass the exit code instead (-N for signal N) with --pid"
+            )
+        return -int(sig), int(m.group(1))
+    m = _TORCH_EXITED.search(text)
+    if m is not None:
+        return int(m.group(2)), int(m.group(1))
+    m = _TORCH_UNKNOWN.search(text)
+    if m is not None:
+        raise argparse.ArgumentTypeError(
+            "this torch line comes from its 5 s status check, which does not keep the "
+            f"exit status; look for the worker's exit code in the log (pid(s) {m.group(1)}), "
+            "or run `healthkit explain CODE --pid PID`"
+        )
+    return None
+
+
+def _return_code(text: str) -> tuple[int, int | None]:
+    """An exit status, or torch's DataLoader line (then with the worker's pid)."""
     from healthkit._diagnosis import check_returncode
 
+    line = _torch_line(text) if "DataLoader worker" in text else None
     try:
-        value = int(text)
+        value, pid = line if line is not None else (int(text), None)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {text!r} (give an exit code, or torch's whole "
+            "\"DataLoader worker (pid N) is killed by signal: ...\" line)"
+        ) from None
     try:
-        return check_returncode(value, "exit status")
+        return check_returncode(value, "exit status"), pid
     except HealthkitError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -76,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 on a warning too (default: only when something healthkit "
                         "needs is missing)")
     explain = sub.add_parser("explain", help="the diagnosis for an exit code seen in a log")
-    explain.add_argument("exit_code", type=_return_code,
-                         help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N)")
+    explain.add_argument("exit_code", type=_return_code, metavar="CODE_OR_LINE",
+                         help="e.g. -9, 137, 139, -7, 1 (0..255, or -N for signal N), or "
+                         "torch's line \"DataLoader worker (pid N) is killed by signal: "
+                         "Killed.\" (then the pid is read as --pid)")
     explain.add_argument("--pid", type=_pid("--pid"),
                          help="the pid, to read this machine's evidence (kernel OOM records)")
     explain.add_argument("--name", help="the process's name, for the message")
@@ -122,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
                              args.timeout)
     from healthkit._diagnosis import ExitDiagnoser
 
+    code, line_pid = args.exit_code
+    pid = args.pid if args.pid is not None else line_pid
+    name = args.name or ("DataLoader worker" if line_pid is not None else None)
     # Without a pid, the code may come from another machine's log: this machine's cgroup,
-    # kernel log and /dev/shm say nothing about it.
-    diagnoser = ExitDiagnoser(history=True, local_evidence=args.pid is not None)
+    # kernel log and /dev/shm say nothing about it. A torch line names the worker's pid:
+    # pasted here, it is read as this machine's.
+    diagnoser = ExitDiagnoser(history=True, local_evidence=pid is not None)
     try:
-        print(diagnoser.diagnose(args.exit_code, pid=args.pid, name=args.name))
+        print(diagnoser.diagnose(code, pid=pid, name=name))
     finally:
         diagnoser.close()
     return 0

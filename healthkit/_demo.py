@@ -32,7 +32,7 @@ from healthkit._watch import ProcessWatch, WatchSet
 from healthkit._watchdog import DisarmableWatchdog
 
 SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init", "helper-stall",
-             "two-nodes")
+             "two-nodes", "dataloader-oom")
 COLLECTIVE_TIMEOUT_S = 1800.0  # NCCL's default, and what the stuck rank would wait for
 SERVER_MEMORY_LIMIT = 256 * 1024 * 1024
 INIT_TIMEOUT_ENV = "SAMPLING_RPC_INIT_TIMEOUT_SECONDS"  # the demo's knob, GiGL-style
@@ -490,6 +490,8 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
             for label, (outcome, causes) in two.items()
         }
     console = Console(out)
+    if scenario == "dataloader-oom":
+        return _run_dataloader_scenario(console, hang_timeout)
     # The stock producer, killed at the end of its run, leaves its barrier's semaphores to
     # multiprocessing's resource tracker, which would warn about them; that is the demo's
     # own clean-up, not something to show the reader.
@@ -536,4 +538,34 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
         what = (f"still hung after {r.seconds:.0f} s; the log names no cause"
                 if r.outcome == "hung" else f"failed {r.seconds:.2f} s {since}, cause named")
         console.line(f"  {label + ':':20s} {what}")
+    return results
+
+
+def _run_dataloader_scenario(console: Console, hang_timeout: float) -> dict[str, RunResult]:
+    """A DataLoader worker OOM-killed: the error the training loop gets, stock and watched."""
+    from healthkit import _demo_dataloader
+
+    console.line("healthkit demo: dataloader-oom")
+    console.line("A training loop reads a DataLoader with 2 worker processes. Worker 1 keeps a "
+                 f"cache that grows until it runs out of memory (a {SERVER_MEMORY_LIMIT >> 20} "
+                 "MiB memory cgroup).")
+    results: dict[str, RunResult] = {}
+    with _memory_cgroup() as cgroup_dir:
+        if cgroup_dir is None:
+            console.line("  (no memory cgroup could be set up here: worker 1 is SIGKILLed "
+                         "instead, as the OOM killer would; healthkit then says unconfirmed)")
+        for label, guarded in (("without healthkit", False), ("with healthkit_torch", True)):
+            console.line()
+            console.line(f"[{'2/2' if guarded else '1/2'}] {label}")
+            took, error = _demo_dataloader.run_one(guarded, cgroup_dir,
+                                                   max(hang_timeout, 60.0) * 3)
+            console.line(f"  the training loop ended after {took:.1f} s (start-up included) with:")
+            console.line(f"    {error}")
+            results[label] = RunResult("failed", took, error, None)
+    console.line()
+    console.line("Summary")
+    for label, r in results.items():
+        named = "OOM confirmed" if "OOM killer (confirmed)" in (r.root_cause or "") else (
+            "cause unconfirmed" if "unconfirmed" in (r.root_cause or "") else "no cause named")
+        console.line(f"  {label + ':':22s} {named}")
     return results

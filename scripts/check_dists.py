@@ -21,7 +21,10 @@ DISTS = {
     CORE: ("healthkit", ["3.10", "3.11", "3.12", "3.13"], ["LICENSE", "README.md", "CHANGELOG.md"]),
     "pipeline-healthkit-glt": ("healthkit_glt", ["3.11"], ["LICENSE", "README.md"]),
     "pipeline-healthkit-graphlearn": ("healthkit_graphlearn", ["3.11"], ["LICENSE", "README.md"]),
+    "pipeline-healthkit-torch": ("healthkit_torch", ["3.11"], ["LICENSE", "README.md"]),
 }
+# pipeline-healthkit-torch never declares torch: the user's own build (CPU, CUDA, ROCm) stays.
+TORCH_DIST = "pipeline-healthkit-torch"
 # The unrelated PyPI project that owns the name; no distribution of ours may pull it in.
 FOREIGN = canonicalize_name("healthkit")
 # pipeline-healthkit-glt's stack is the user's to install first (docs/glt.md, "Supported
@@ -108,6 +111,11 @@ def check(dist_dir: Path, version: str) -> list[str]:
                 if extra.get(dep) != spec:
                     problems.append(f"{wheel.name}: [torch23] has {dep}{extra.get(dep)}, "
                                     f"expected {dep}{spec}")
+        if name == TORCH_DIST:
+            deps = {canonicalize_name(Requirement(r).name)
+                    for r in meta.get_all("Requires-Dist") or []}
+            if "torch" in deps:
+                problems.append(f"{wheel.name}: declares torch (docs/dataloader.md: the user's)")
         if name != CORE and not any(
             canonicalize_name(Requirement(r).name) == CORE for r in meta.get_all("Requires-Dist")
         ):

@@ -38,7 +38,7 @@ ROOT=$PWD
 OUT=$ROOT/build/dist
 TOOLS=$ROOT/.venv-release
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' healthkit/_version.py)
-PROJECTS=(. integrations/glt integrations/graphlearn)
+PROJECTS=(. integrations/glt integrations/graphlearn integrations/torch)
 
 find_python() {  # find_python 3.12 -> path of a working interpreter of that minor version
   local want=$1 var="HEALTHKIT_PYTHON_${1//./_}" cand
@@ -162,7 +162,8 @@ stacks() {
   local core=$OUT/pipeline_healthkit-$VERSION-py3-none-any.whl
   local glt=$OUT/pipeline_healthkit_glt-$VERSION-py3-none-any.whl
   local gl=$OUT/pipeline_healthkit_graphlearn-$VERSION-py3-none-any.whl
-  [[ -f $core && -f $glt && -f $gl ]] || {
+  local tw=$OUT/pipeline_healthkit_torch-$VERSION-py3-none-any.whl
+  [[ -f $core && -f $glt && -f $gl && -f $tw ]] || {
     echo "no wheels of $VERSION in $OUT: run scripts/dists.sh build first" >&2; return 1; }
   local work=$ROOT/build/stacks
   rm -rf "$work" && mkdir -p "$work/run"
@@ -170,11 +171,12 @@ stacks() {
 
   echo "stacks: the integration wheels into an empty venv, and the checkout into another"
   "$py" -m venv "$work/empty"
-  "$work/empty/bin/python" "${pipq[@]}" "$core" "$glt" "$gl"
+  "$work/empty/bin/python" "${pipq[@]}" "$core" "$glt" "$gl" "$tw"
   "$work/empty/bin/python" -m pip check
   "$py" -m venv "$work/checkout"  # README.md's commands, as written, in the repository root
   "$work/checkout/bin/pip" install -q . integrations/graphlearn
   "$work/checkout/bin/pip" install -q . integrations/glt
+  "$work/checkout/bin/pip" install -q . integrations/torch
   "$work/checkout/bin/python" -m pip check
   rm -rf build/lib build/bdist.* integrations/*/build  # setuptools' in-tree leftovers
   local venv
@@ -196,6 +198,13 @@ else:
     raise AssertionError("healthkit_glt imported without torch and graphlearn-torch")
 import healthkit_graphlearn, sysconfig
 assert healthkit_graphlearn.__file__.startswith(sysconfig.get_paths()["purelib"])
+try:
+    import healthkit_torch  # noqa: F401
+except ImportError as e:
+    assert "healthkit_torch needs torch" in str(e), e
+    print(f"  import healthkit_torch: ImportError: {str(e)[:70]}...")
+else:
+    raise AssertionError("healthkit_torch imported without torch")
 EOF
     ) || return 1
   done
@@ -248,7 +257,22 @@ EOF
       echo "  [torch23] does not resolve on torch $torch (it pins torch==2.3.0)"
     fi
     # Not editable, next to (not over) the stack venv's own editable copies.
-    "$env/bin/python" "${pipq[@]}" --no-index --no-deps --ignore-installed "$core" "$glt" "$gl"
+    "$env/bin/python" "${pipq[@]}" --no-index --no-deps --ignore-installed "$core" "$glt" "$gl" \
+      "$tw"
+    (cd "$work/run" && timeout 300 "$env/bin/python" -c '
+import os, signal, sysconfig, torch, healthkit_torch
+from torch.utils.data import DataLoader
+assert healthkit_torch.__file__.startswith(sysconfig.get_paths()["purelib"])
+it = iter(healthkit_torch.watch(DataLoader(list(range(64)), batch_size=4, num_workers=2)))
+next(it)
+os.kill(it._workers[1].pid, signal.SIGKILL)
+try:
+    for _ in it: pass
+except healthkit_torch.DataLoaderWorkerError as e:
+    print("  healthkit_torch on torch", torch.__version__ + ":", str(e)[:70], "...")
+else:
+    raise AssertionError("no DataLoaderWorkerError")
+') || return 1
     # graphlearn-torch's undeclared torch_sparse missing: the import says what to build.
     (cd "$work/run" && "$env/bin/python" -c '
 import sys

@@ -32,7 +32,7 @@ core_env() {
   if make_venv .venv "$stamp"; then
     echo "[envs] building .venv (core + torch tiers)"
     .venv/bin/pip install -q -r requirements/dev.txt
-    .venv/bin/pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn
+    .venv/bin/pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn -e integrations/torch
     echo "$stamp" > .venv/.stamp
   fi
 }
@@ -48,7 +48,7 @@ glt_env() {
     $pip install -q torch==2.3.0 numpy==1.26.4 setuptools==70.3.0
     FORCE_ONLY_CPU=1 $pip install -q --no-build-isolation "${links[@]}" -r requirements/glt.txt
     $pip install -q --no-deps -r requirements/glt-nodeps.txt
-    $pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn
+    $pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn -e integrations/torch
     echo "$stamp" > .venv-glt/.stamp
   fi
 }
@@ -108,7 +108,7 @@ glt28_env() {
     # By file path: `graphlearn-torch==0.2.4` could resolve to PyPI's torch-2.3 build.
     $pip install -q --no-deps "$dir"/graphlearn_torch-*+"$GLT28_LOCAL"-*.whl \
       "$dir"/torch_scatter-2.1.2-*.whl "$dir"/torch_sparse-0.6.18-*.whl
-    $pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn
+    $pip install -q --no-deps -e . -e integrations/glt -e integrations/graphlearn -e integrations/torch
     echo "$stamp" > .venv-glt28/.stamp
   fi
 }

@@ -288,3 +288,36 @@ def test_demo_helper_stall_hangs_without_and_fails_with_the_stuck_helpers_stack(
     assert "without healthkit:   still hung after 4 s; the log names no cause" in proc.stdout
     assert re.search(r"with healthkit:      failed \d+\.\d\d s after the helper stalled",
                      proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [
+        ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. ",
+         r"^DataLoader worker \(pid 4242\) was killed by SIGKILL: possibly the OOM killer, "
+         r"unconfirmed \(no OOM record for it\)"),
+        ("DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that "
+         "dataloader's workers are out of shared memory.",
+         r"^DataLoader worker \(pid 4242\) was killed by SIGBUS: .*\[/dev/shm: \d"),
+        ("DataLoader worker (pid 4242) is killed by signal: Segmentation fault. ",
+         r"^DataLoader worker \(pid 4242\) was killed by SIGSEGV: a crash in native code"),
+        ("DataLoader worker (pid 4242) exited unexpectedly with exit code 3. Details are lost "
+         "due to multiprocessing.",
+         r"^DataLoader worker \(pid 4242\) exited with code 3"),
+    ],
+)
+def test_explain_reads_torchs_dataloader_line_as_this_machines_worker(
+    line: str, pattern: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's own line, pasted whole: its signal (by the C library's name for it) or exit
+    code, and its pid read as --pid, so this machine's evidence is looked at."""
+    assert main(["explain", line]) == 0
+    out = capsys.readouterr().out.strip()
+    assert re.search(pattern, out), out
+
+
+def test_explain_says_what_torchs_5s_check_line_lacks() -> None:
+    """The twin that does not pass: torch's status-check line keeps no exit status."""
+    proc = run_cli("explain", "DataLoader worker (pid(s) 4242) exited unexpectedly", timeout=60)
+    assert proc.returncode == 2
+    assert "does not keep the exit status" in proc.stderr and "4242" in proc.stderr

@@ -1,0 +1,1 @@
+../../../healthkit/_version.py
