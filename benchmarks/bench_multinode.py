@@ -100,12 +100,17 @@ def main() -> None:
     ap.add_argument("--oom-runs", type=int, default=5)
     ap.add_argument("--hung-after", type=float, default=20.0)
     ap.add_argument("--quick", action="store_true", help="1 run per cell: proves it works")
+    ap.add_argument("--only", default="", help="comma-separated variants to run (thread, "
+                    "sidecar, stock); the results file is then not written")
     args = ap.parse_args()
     if args.quick:
         args.runs = args.stock_runs = args.oom_runs = 1
     cells = [(v, p, args.runs) for v in ("thread",) for p in ("collective", "local", "compute")]
     cells += [("sidecar", "local", args.runs)]
     cells += [("stock", p, args.stock_runs) for p in ("collective", "local", "compute")]
+    if args.only:
+        keep = set(args.only.split(","))
+        cells = [c for c in cells if c[0] in keep]
     runs: list[dict[str, object]] = []
     load = [os.getloadavg()]
     for i in range(max(n for _, _, n in cells)):  # interleaved: drift hits every cell alike
@@ -138,7 +143,7 @@ def main() -> None:
         })  # fmt: skip
     out = {"command": " ".join(["benchmarks/bench_multinode.py", *sys.argv[1:]]),
            "loadavg_start_end": load, "table": table, "oom": ooms, "runs": runs}
-    if not args.quick:
+    if not args.quick and not args.only:
         RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     print("\n| node 0's ranks | watched by | runs | hung | every rank gone p50 / p99 / max | "
           "whole job gone p50 / max | both summaries name the helper |")

@@ -567,9 +567,13 @@ def start(scope: JobScope | None = None) -> StoreLink | None:
         if scope is None:
             if not _said_unavailable:
                 _said_unavailable = True
-                logger.info(
+                # INFO only for what looks like a job (a rank torchrun started) whose store
+                # cannot be used; a plain program is not a job and hears nothing of it.
+                in_a_job = "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+                logger.log(
+                    logging.INFO if in_a_job else logging.DEBUG,
                     "healthkit: no launcher store (MASTER_ADDR/MASTER_PORT unset): a failure "
-                    "here ends this process tree only; other ranks are not told"
+                    "here ends this process tree only; other ranks are not told",
                 )
             return None
         if _link is None:

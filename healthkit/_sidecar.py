@@ -1060,7 +1060,9 @@ class _Sidecar:
                 if self.notice is not None and not self.done and not self.fired:
                     self.act(self.notice.diagnosis())
                 if self.done:
-                    if not self.disarmed and not self.fired:
+                    # The owner's own end is told under a launcher's job only (its error
+                    # file, the other ranks); elsewhere whoever started it sees it.
+                    if not self.disarmed and not self.fired and self.job is not None:
                         self.witness_owner_end()
                     _jobnotice.flush(_NOTICE_FLUSH_S)  # this process outlives the owner
                     return 0

@@ -136,6 +136,7 @@ def test_a_broken_barrier_is_freed_by_reference_counting_alone() -> None:
     import threading
     import weakref
 
+    before = set(threading.enumerate())  # an earlier test's wedged barrier thread is not ours
     bb, procs = start_workers(3, {1: "sigkill"})
     gc.collect()
     gc.disable()
@@ -143,8 +144,8 @@ def test_a_broken_barrier_is_freed_by_reference_counting_alone() -> None:
         with pytest.raises(hk.BarrierBrokenError):
             bb.wait(procs)
         finish(bb, procs)
-        deadline = time.monotonic() + 10
-        while any(t.name.startswith(bb.name) for t in threading.enumerate()):
+        deadline = time.monotonic() + 30
+        while any(t.name.startswith(bb.name) for t in set(threading.enumerate()) - before):
             assert time.monotonic() < deadline, "the barrier's threads did not end"
             time.sleep(0.01)
         refs = [weakref.ref(bb), weakref.ref(bb.barrier)]

@@ -59,9 +59,10 @@ def _end(wd: hk.DisarmableWatchdog, p: mp.process.BaseProcess) -> None:
 
 @pytest.mark.timeout(60)
 def test_without_a_launcher_store_nothing_changes_and_it_is_said_once_at_info(
-    fresh_notice: None, caplog: pytest.LogCaptureFixture
+    fresh_notice: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO, logger="healthkit")
+    caplog.set_level(logging.DEBUG, logger="healthkit")
+    monkeypatch.setenv("RANK", "0")  # a rank without its launcher's store: said at INFO
     for _ in range(2):
         wd, p = _armed_helper()
         try:
@@ -145,3 +146,18 @@ def test_the_notice_of_another_rank_reads_as_where_it_happened() -> None:
     )
     assert len(big.to_bytes()) <= _jobnotice.MAX_NOTICE_BYTES
     _jobnotice.JobFailure.from_bytes(big.to_bytes())
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_program_hears_nothing_of_the_job_notice(
+    fresh_notice: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    caplog.set_level(logging.INFO, logger="healthkit")
+    wd, p = _armed_helper()
+    try:
+        assert _witnesses() == []
+    finally:
+        _end(wd, p)
+    assert [r for r in caplog.records if "launcher store" in r.getMessage()] == []
