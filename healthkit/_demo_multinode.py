@@ -50,7 +50,9 @@ def rank_main(guarded: bool) -> None:
     helper.start()
     if guarded:
         DisarmableWatchdog([helper]).arm()
-    print(f"READY node={node} rank={dist.get_rank()} helper={helper.pid}", flush=True)
+    # One write: print() writes the text and the newline apart, and the ranks share a pipe.
+    sys.stdout.write(f"READY node={node} rank={dist.get_rank()} helper={helper.pid}\n")
+    sys.stdout.flush()
     dist.barrier()
     t = torch.zeros(1)
     while True:  # node-local work only, as an NCCL rank looks when a peer dies
@@ -120,16 +122,15 @@ def _one(guarded: bool, hang_timeout: float, out: TextIO) -> tuple[str, list[str
         while len(ready) < 4 and time.monotonic() < deadline:
             for a in agents:
                 a.read(0.1)
-                for line in a.lines:
-                    m = READY.search(line)
-                    if m:
+                for line in a.lines:  # two ranks' lines can still share one
+                    for m in READY.finditer(line):
                         ready[int(m.group(2))] = (int(m.group(1)), int(m.group(3)))
         if len(ready) < 4:
             return "the job did not start", ["\n".join(a.lines[-20:]) for a in agents]
         nodes = []  # each agent's node (GROUP_RANK), from its ranks' READY lines
         for a in agents:
-            m = next(READY.search(x) for x in a.lines if READY.search(x))
-            nodes.append(int(m.group(1)) if m else agents.index(a))
+            found = [m for x in a.lines for m in READY.finditer(x)]
+            nodes.append(int(found[0].group(1)) if found else agents.index(a))
         helper = next(h for r, (n, h) in sorted(ready.items()) if n == 1)
         time.sleep(1.0 if not guarded else 2.0)
         out.write(f"  killing node 1's sampler-server (pid {helper}) with SIGKILL\n")

@@ -79,8 +79,9 @@ def main() -> None:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.restarted_only and restart == 0:
         args.finish = 0
-    print(f"READY node={node} rank={rank} pid={os.getpid()} helper={helper.pid} "
-          f"round={restart}", flush=True)
+    sys.stdout.write(f"READY node={node} rank={rank} pid={os.getpid()} helper={helper.pid} "
+                     f"round={restart}\n")  # one write: the ranks share the agent's pipe
+    sys.stdout.flush()
     if pg:
         dist.barrier()
     phase = args.phase_b if node == 1 else args.phase_a
