@@ -328,6 +328,15 @@ def test_the_two_node_demo_shows_the_hang_and_the_named_cause_on_both_nodes() ->
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     out = proc.stdout
+    # The stock run's ranks (each in a session of its own, below the agent) are gone too
+    # (zombies aside: init reaps them).
+    left = []
+    for line in subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True,
+                               text=True).stdout.splitlines():
+        pid, stat, args = line.split(None, 2)
+        if "healthkit._demo_multinode" in args and not stat.startswith("Z"):
+            left.append(pid)
+    assert left == [], f"the demo left its ranks running: {left}"
     assert proc.returncode == 0, out + proc.stderr
     stock, guarded = out.split("[2/2] with healthkit")
     assert "STILL HUNG after 5 s" in stock and "(no summary: the node never ended)" in stock
