@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from linereader import LineReader
-from testutil import free_port
+from testutil import free_port, remove_cgroup  # noqa: F401 - the tests take it from here
 
 JOB = str(Path(__file__).parent / "scripts" / "multinode_job.py")
 READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+) round=(\d+)"
@@ -219,17 +219,3 @@ def memory_cgroup(limit_bytes: int = 256 << 20) -> str | None:
             pass
         return None
     return path
-
-
-def remove_cgroup(path: str) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # EBUSY while the kernel still tears a dead task down
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)

@@ -4,10 +4,12 @@ the core itself: ``healthkit.lowlevel.children`` and ``descendants``."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import socket
 import sysconfig
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
@@ -54,3 +56,19 @@ def portable_paths(text: str) -> str:
     text = re.sub(r"[^\s\"']*/site-packages/", "<site-packages>/", text)
     text = text.replace(sysconfig.get_paths()["stdlib"] + "/", "<stdlib>/")
     return text.replace(f"{ROOT}/", "")
+
+
+def remove_cgroup(path: str) -> None:
+    """Remove a test's child cgroup, waiting (10 s at most) while the kernel still tears a
+    killed task in it down (EBUSY)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)

@@ -24,6 +24,7 @@ import pytest
 import torch.utils.data
 from dl_helpers import DiesAt, Slow
 from healthkit_torch import DataLoaderWorkerError
+from testutil import remove_cgroup
 from torch.utils.data import DataLoader
 
 from healthkit import Cause, HealthkitError
@@ -271,7 +272,7 @@ def test_a_worker_oom_killed_under_a_memory_limit_is_confirmed_with_its_memory_a
         end(it)
         del it
     finally:
-        _remove_cgroup(cgroup)
+        remove_cgroup(cgroup)
     assert isinstance(err, DataLoaderWorkerError), repr(err)
     d = err.diagnosis
     assert d.cause is Cause.OOM_KILLED, str(err)
@@ -307,18 +308,6 @@ def _child_memory_cgroup(limit: int) -> str:
             os.rmdir(path)
         pytest.skip(f"cannot make a memory cgroup with a limit here: {e}")
     return path
-
-
-def _remove_cgroup(path: str) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)  # the killed worker is still being torn down
 
 
 # --------------------------------------------------------------------- silent
