@@ -78,6 +78,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import logging.handlers
 import os
 import signal
 import socket
@@ -446,6 +447,7 @@ class SidecarLink:
             for handler in self._relay_to:
                 with contextlib.suppress(Exception):
                     handler.flush()
+                    _drain_queue(handler)
             with contextlib.suppress(OSError):
                 self._sock.sendall(_line(op="logged", n=msg.get("n")))
             return True
@@ -512,6 +514,19 @@ class SidecarLink:
 
 
 # ---------------------------------------------------------------------- sidecar process
+def _drain_queue(handler: logging.Handler, timeout: float = 2.0) -> None:
+    """A ``QueueHandler``'s ``flush`` writes nothing: its records are written later by the
+    application's ``QueueListener`` thread. "logged" lets the sidecar stop this process, so
+    wait (bounded) until that listener has taken every record (``task_done``); a queue that
+    does not count its tasks (a multiprocessing queue) is handed over as it is."""
+    queue = getattr(handler, "queue", None)
+    if not isinstance(handler, logging.handlers.QueueHandler) or queue is None:
+        return
+    deadline = time.monotonic() + timeout
+    while getattr(queue, "unfinished_tasks", 0) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 class _RelayHandler(logging.Handler):
     """In the sidecar: send each record to the owner, for its handlers the sidecar cannot
     write through itself.

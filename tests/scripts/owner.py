@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--log-json", help="a FileHandler on the root with a JSON formatter class")
     ap.add_argument("--log-dictconfig", help="dictConfig after import: a root file handler")
     ap.add_argument("--log-queue", action="store_true",
-                    help="a QueueHandler on the root, its listener printing to stdout")
+                    help="a QueueHandler on the root, its listener printing to stdout, late")
     args = ap.parse_args()
 
     if args.log_json:
@@ -141,7 +141,15 @@ def main() -> None:
         from logging import handlers as logging_handlers
 
         q: queue.Queue[logging.LogRecord] = queue.Queue()
-        out = logging.StreamHandler(sys.stdout)
+        class SlowStdout(logging.StreamHandler):  # type: ignore[type-arg]
+            """A listener that writes late, as one behind a busy thread does: a line
+            handed to the queue is not yet written."""
+
+            def emit(self, record: logging.LogRecord) -> None:
+                time.sleep(0.1)
+                super().emit(record)
+
+        out = SlowStdout(sys.stdout)
         out.setFormatter(logging.Formatter("QUEUED %(levelname)s %(name)s: %(message)s"))
         listener = logging_handlers.QueueListener(q, out)
         listener.start()
