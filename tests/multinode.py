@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from linereader import LineReader
-from testutil import free_port, remove_cgroup  # noqa: F401 - the tests take it from here
+from testutil import free_port
 
 JOB = str(Path(__file__).parent / "scripts" / "multinode_job.py")
 READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+) round=(\d+)"
@@ -195,27 +195,3 @@ def _running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def memory_cgroup(limit_bytes: int = 256 << 20) -> str | None:
-    """A v1 child memory cgroup with ``limit_bytes`` (swap included), or None where this
-    machine does not let us make one (not root, cgroup v2 without delegation)."""
-    from healthkit._evidence import find_memory_cgroup
-
-    if os.geteuid() != 0:
-        return None
-    parent = find_memory_cgroup()
-    if parent is None or parent.version != 1:
-        return None
-    path = os.path.join(parent.path, f"healthkit-test-rank-oom-{os.getpid()}")
-    try:
-        os.mkdir(path)
-        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
-            if os.path.exists(os.path.join(path, name)):
-                with open(os.path.join(path, name), "w") as f:
-                    f.write(str(limit_bytes))
-    except OSError:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-        return None
-    return path

@@ -58,6 +58,66 @@ def portable_paths(text: str) -> str:
     return text.replace(f"{ROOT}/", "")
 
 
+class NoMemoryCgroup(Exception):
+    """Why this machine cannot give a test a memory cgroup of its own (the test skips)."""
+
+
+def memory_cgroup(limit: int, tag: str) -> str:
+    """A v1 child memory cgroup under ours limited to ``limit`` bytes (swap included), where
+    a test's process can be OOM-killed for real; raises :class:`NoMemoryCgroup` saying why
+    not (not root, cgroup v2 without delegation, a read-only hierarchy). Remove it with
+    :func:`remove_cgroup`."""
+    from healthkit.lowlevel import find_memory_cgroup
+
+    if os.geteuid() != 0:
+        raise NoMemoryCgroup("a real OOM kill needs root to create a memory cgroup")
+    parent = find_memory_cgroup()
+    if parent is None:
+        raise NoMemoryCgroup("no memory cgroup found from /proc/self/cgroup")
+    if parent.version != 1:
+        raise NoMemoryCgroup(
+            "cgroup v2: a child cgroup with its own memory.max needs the memory controller "
+            "delegated (subtree_control) to a parent without processes; not set up here"
+        )
+    path = os.path.join(parent.path, f"healthkit-test-{tag}-{os.getpid()}")
+    try:
+        os.mkdir(path)
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if os.path.exists(os.path.join(path, name)):
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(str(limit))
+    except OSError as e:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        why = f"cannot make a memory cgroup with a limit under {parent.path}: {e}"
+        raise NoMemoryCgroup(why) from e
+    return path
+
+
+def memory_cgroup_or_skip(limit: int, tag: str) -> str:
+    """:func:`memory_cgroup`, or skip the calling test with the reason."""
+    import pytest
+
+    try:
+        return memory_cgroup(limit, tag)
+    except NoMemoryCgroup as e:
+        pytest.skip(str(e))
+
+
+def kernel_log_unusable() -> str | None:
+    """Why the kernel log cannot confirm this machine's OOM kills, or None when it can."""
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as e:
+        return f"/dev/kmsg is not readable here ({e}): the kernel log cannot confirm an OOM kill"
+    with open("/proc/self/status") as f:
+        if any(line.startswith("NSpid:") and len(line.split()) > 2 for line in f):
+            return "in a nested pid namespace the kernel log names pids from another one"
+    return None
+
+
 def remove_cgroup(path: str) -> None:
     """Remove a test's child cgroup, waiting (10 s at most) while the kernel still tears a
     killed task in it down (EBUSY)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import socket
@@ -15,9 +14,10 @@ from pathlib import Path
 import attrs
 import pytest
 from helpers import PYTHON, kmsg_report
+from testutil import kernel_log_unusable, memory_cgroup_or_skip, remove_cgroup
 
 from healthkit import Cause, Diagnosis, ExitDiagnoser, ExitStatus, ProcessWatch
-from healthkit._evidence import KernelLog, MemoryCgroup, find_memory_cgroup
+from healthkit._evidence import MemoryCgroup
 
 KMSG = Path(__file__).parent / "fixtures" / "kmsg"
 
@@ -642,63 +642,13 @@ def test_this_machines_cgroup_figures_are_labelled_or_left_out() -> None:
     assert not any("peak" in e and "page cache" not in e for e in d.evidence), d.evidence
 
 
-def _child_memory_cgroup() -> MemoryCgroup:
-    """Make a v1 child memory cgroup limited to 64 MiB under ours, or skip with the reason."""
-    if os.geteuid() != 0:
-        pytest.skip("a real OOM kill needs root to create a memory cgroup")
-    parent = find_memory_cgroup()
-    if parent is None:
-        pytest.skip("no memory cgroup found from /proc/self/cgroup")
-    if parent.version != 1:
-        pytest.skip(
-            "cgroup v2: a child cgroup with its own memory.max needs the memory controller "
-            "delegated (subtree_control) to a parent without processes; not set up here"
-        )
-    path = os.path.join(parent.path, f"healthkit-test-oom-{os.getpid()}")
-    try:
-        os.mkdir(path)
-    except OSError as e:
-        pytest.skip(f"cannot create a child memory cgroup under {parent.path}: {e}")
-    try:
-        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
-            if os.path.exists(os.path.join(path, name)):
-                with open(os.path.join(path, name), "w") as f:
-                    f.write(str(64 << 20))
-    except OSError as e:
-        os.rmdir(path)
-        pytest.skip(f"cannot set a memory limit on {path}: {e}")
-    return MemoryCgroup(1, path)
-
-
-def _in_nested_pid_namespace() -> bool:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("NSpid:"):
-                return len(line.split()) > 2
-    return False
-
-
-def _remove_cgroup(path: str) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except OSError as e:  # EBUSY while the kernel still tears a dead task down
-            if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 @pytest.mark.timeout(120)
 def test_a_real_oom_kill_is_confirmed_by_the_kernel_log_and_the_cgroup_counter(
     tmp_path: Path,
 ) -> None:
-    if KernelLog().last_seq() is None:
-        pytest.skip("/dev/kmsg is not readable here: the kernel log cannot confirm an OOM kill")
-    if _in_nested_pid_namespace():
-        pytest.skip("in a nested pid namespace the kernel log names pids from another one")
-    cg = _child_memory_cgroup()
+    if (why := kernel_log_unusable()) is not None:
+        pytest.skip(why)
+    cg = MemoryCgroup(1, memory_cgroup_or_skip(64 << 20, "oom"))
     # Built before the run: kernel log only / cgroup counter only.
     by_kmsg = ExitDiagnoser(proc_root=str(tmp_path), cgroup_root=str(tmp_path))
     by_counter = ExitDiagnoser(cgroup=cg, kmsg_path=None)
@@ -762,6 +712,6 @@ def test_a_real_oom_kill_is_confirmed_by_the_kernel_log_and_the_cgroup_counter(
             for e in d_kmsg.evidence
         ), d_kmsg.evidence
     finally:
-        _remove_cgroup(cg.path)
+        remove_cgroup(cg.path)
         for diagnoser in (by_kmsg, by_counter):
             diagnoser.close()

@@ -9,7 +9,6 @@ cgroup. Timings are "does not hang" bounds; the figures are in benchmarks/bench_
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -24,7 +23,7 @@ import pytest
 import torch.utils.data
 from dl_helpers import DiesAt, Slow
 from healthkit_torch import DataLoaderWorkerError
-from testutil import remove_cgroup
+from testutil import kernel_log_unusable, memory_cgroup_or_skip, remove_cgroup
 from torch.utils.data import DataLoader
 
 from healthkit import Cause, HealthkitError
@@ -265,7 +264,9 @@ def test_a_worker_oom_killed_under_a_memory_limit_is_confirmed_with_its_memory_a
     killer ends it: confirmed, from the kernel's own record of that worker, with its memory
     at the kill and the limit it hit (whose cgroup). The opposite hole, a SIGKILL by hand
     called an OOM kill, is the "unconfirmed" test above."""
-    cgroup = _child_memory_cgroup(256 << 20)
+    if (why := kernel_log_unusable()) is not None:
+        pytest.skip(why)
+    cgroup = memory_cgroup_or_skip(256 << 20, "dl-oom")
     try:
         it = iter(healthkit_torch.watch(loader(DiesAt(at=5, how=f"oom:{cgroup}"), workers=2)))
         err, _ = raised_by(it, limit=45)
@@ -284,30 +285,6 @@ def test_a_worker_oom_killed_under_a_memory_limit_is_confirmed_with_its_memory_a
     name = os.path.basename(cgroup)
     assert any(e.startswith("the limit hit: memory cgroup ") and name in e and
                "256.0 MiB limit" in e for e in d.evidence), d.evidence
-
-
-def _child_memory_cgroup(limit: int) -> str:
-    with open("/proc/self/cgroup") as f:
-        v1 = [line.strip().split(":", 2)[2] for line in f
-              if line.count(":") >= 2 and "memory" in line.split(":", 2)[1].split(",")]  # fmt: skip
-    if not v1:
-        pytest.skip("cgroup v2 here: the test makes a v1 child memory cgroup")
-    try:
-        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
-    except OSError as e:
-        pytest.skip(f"/dev/kmsg is not readable here ({e}): nothing can confirm an OOM kill")
-    path = os.path.join("/sys/fs/cgroup/memory", v1[0].lstrip("/"), f"hk-dl-oom-{os.getpid()}")
-    try:
-        os.mkdir(path)
-        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
-            if os.path.exists(os.path.join(path, name)):
-                with open(os.path.join(path, name), "w") as f:
-                    f.write(str(limit))
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-        pytest.skip(f"cannot make a memory cgroup with a limit here: {e}")
-    return path
 
 
 # --------------------------------------------------------------------- silent

@@ -9,7 +9,6 @@ this test process.
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import gc
 import json
@@ -32,6 +31,7 @@ import glt_fixtures as fx
 import glt_procs as procs
 import glt_scenarios as sc
 import healthkit_glt as hg
+from testutil import kernel_log_unusable, memory_cgroup_or_skip, remove_cgroup
 
 import healthkit as hk
 
@@ -1002,43 +1002,6 @@ def test_this_glt_build_writes_the_ring_layout_the_ring_reader_checks(
 # --- a real OOM kill of a sampling worker (issue: the producer's diagnoser came too late) ----
 
 
-def _child_memory_cgroup(limit: int) -> str:
-    """A v1 child memory cgroup limited to ``limit`` bytes under ours, or skip saying why."""
-    if os.geteuid() != 0:
-        pytest.skip("a real OOM kill needs root to create a memory cgroup")
-    with open("/proc/self/cgroup") as f:
-        v1 = [line.strip().split(":", 2)[2] for line in f
-              if line.count(":") >= 2 and "memory" in line.split(":", 2)[1].split(",")]  # fmt: skip
-    if not v1:
-        pytest.skip(
-            "cgroup v2: a child cgroup with its own memory.max needs the memory controller "
-            "delegated to a parent without processes; not set up here"
-        )
-    path = os.path.join("/sys/fs/cgroup/memory", v1[0].lstrip("/"), f"hk-glt-oom-{os.getpid()}")
-    try:
-        os.mkdir(path)
-        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
-            if os.path.exists(os.path.join(path, name)):
-                with open(os.path.join(path, name), "w") as f:
-                    f.write(str(limit))
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-        pytest.skip(f"cannot make a memory cgroup with a limit here: {e}")
-    return path
-
-
-def _kmsg_readable() -> str | None:
-    try:
-        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
-    except OSError as e:
-        return f"/dev/kmsg is not readable here ({e}): the kernel log cannot confirm an OOM kill"
-    with open("/proc/self/status") as f:
-        if any(line.startswith("NSpid:") and len(line.split()) > 2 for line in f):
-            return "in a nested pid namespace the kernel log names pids from another one"
-    return None
-
-
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_a_worker_oom_killed_mid_epoch_by_the_kernel_is_reported_as_a_confirmed_oom_kill() -> None:
     """Worker 1 moves itself into a 128 MiB memory cgroup and allocates until the kernel's
@@ -1047,21 +1010,13 @@ def test_a_worker_oom_killed_mid_epoch_by_the_kernel_is_reported_as_a_confirmed_
     after the death, as it was, it said "possibly the OOM killer, unconfirmed".) The
     opposite hole, a SIGKILL by hand called an OOM kill, is
     test_worker_sigkilled_mid_epoch_stock_glt_hangs_healthkit_glt_fails_in_seconds."""
-    if (why := _kmsg_readable()) is not None:
+    if (why := kernel_log_unusable()) is not None:
         pytest.skip(why)
-    cgroup = _child_memory_cgroup(128 << 20)
+    cgroup = memory_cgroup_or_skip(128 << 20, "glt-oom")
     try:
         run = sc.run_scenario("hk-epoch-oom", [cgroup], timeout=150)
     finally:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                os.rmdir(cgroup)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # the killed task is still being torn down
+        remove_cgroup(cgroup)
     assert run.returncode == 0, run.output
     r = run.result
     assert r["outcome"] == "raised" and r["type"] == "SamplingWorkerDiedError", run.output

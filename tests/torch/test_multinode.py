@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("torch")
 
 import torch.distributed as dist
-from multinode import Job, memory_cgroup, remove_cgroup, root_cause
-from testutil import free_port
+from multinode import Job, root_cause
+from testutil import free_port, memory_cgroup_or_skip, remove_cgroup
 
 import healthkit as hk
 from healthkit import _jobnotice
@@ -136,9 +136,7 @@ def test_a_ranks_own_oom_kill_is_named_on_its_node_and_on_the_other() -> None:
     """Rank 3 (node 1) is OOM-killed in a 256 MiB memory cgroup: the process beside it
     writes its error file (torchrun's root cause: OOM confirmed, with the rank's evidence)
     and tells the job, so node 0's summary names rank 3 too."""
-    cgroup = memory_cgroup(256 << 20)
-    if cgroup is None:
-        pytest.skip("a real OOM kill needs root and a cgroup v1 memory controller here")
+    cgroup = memory_cgroup_or_skip(256 << 20, "rank-oom")
     try:
         job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
                    "--rank-oom", "3", "--cgroup", cgroup])  # fmt: skip
