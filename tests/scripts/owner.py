@@ -45,6 +45,15 @@ def exit_3_in_own_group() -> None:
     exit_3()
 
 
+def exit_3_when_told(go: Any, own_group: bool = False) -> None:
+    """exit_3, its 0.3 s counted from the owner's word: what the owner does first (a stop,
+    a masking thread) precedes the death however long arm() took on a loaded machine."""
+    if own_group:
+        os.setpgrp()
+    go.wait(60)
+    exit_3()
+
+
 def survive(seconds: float = 2.0) -> None:
     time.sleep(seconds)
     print("SURVIVED", flush=True)
@@ -58,27 +67,27 @@ TABLE = {
     "allowed-exit0-before-watch": (return_early, "ignore", "join-before-watch"),
     "until-exit0": (return_early, "fail", "join"),
     "until-exit0-warn": (return_early, "warn", "join"),
-    "exit3-joined": (exit_3, "ignore", "join"),
+    "exit3-joined": (exit_3_when_told, "ignore", "join"),
     "sigkill-joined": (serve_forever, "ignore", "kill-join"),
     "sigchld-ignored-allowed-exit0": (return_early, "ignore", "sigchld-ignored"),
     "sigchld-ignored-until-exit0": (return_early, "fail", "sigchld-ignored"),
     # Stop episodes: the owner is asked to stop, handles it and carries on.
-    "survived-sigint-then-exit3": (exit_3, "ignore", "handled-sigint"),
-    "survived-sighup-then-exit3": (exit_3, "ignore", "handled-sighup"),
-    "other-group-during-stop-exit3": (exit_3_in_own_group, "ignore", "handled-sigint"),
-    "stop-long-ago-then-exit3": (exit_3, "ignore", "sighup-long-ago"),
-    "exit-within-stop-grace": (exit_3, "ignore", "handled-sigint-then-exit"),
+    "survived-sigint-then-exit3": (exit_3_when_told, "ignore", "handled-sigint"),
+    "survived-sighup-then-exit3": (exit_3_when_told, "ignore", "handled-sighup"),
+    "other-group-during-stop-exit3": ("exit_3_when_told-own-group", "ignore", "handled-sigint"),
+    "stop-long-ago-then-exit3": (exit_3_when_told, "ignore", "sighup-long-ago"),
+    "exit-within-stop-grace": (exit_3_when_told, "ignore", "handled-sigint-then-exit"),
     # A stop signal taken by a thread whose handler has not written its byte yet (on a loaded
     # machine the handler can be preempted for milliseconds): libc's sleep() as the C-level
     # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile.
-    "handler-running-then-exit3": (exit_3, "ignore", "slow-c-handler"),
+    "handler-running-then-exit3": (exit_3_when_told, "ignore", "slow-c-handler"),
     # ...and its twin: a thread that blocks the stop signals for good (as libzmq's I/O
     # threads do), started after arm(): no stop is under way, the death fires at once.
-    "blocking-thread-then-exit3": (exit_3, "ignore", "blocking-thread"),
+    "blocking-thread-then-exit3": (exit_3_when_told, "ignore", "blocking-thread"),
     # A thread that blocks every signal for a moment, as CPython's subprocess does around its
     # vfork(), is not taking a stop: the death fires at once (a mistaken deferral would
     # outlast the owner's 2 s with the default 30 s grace).
-    "masking-thread-then-exit3": (exit_3, "ignore", "masking-thread"),
+    "masking-thread-then-exit3": (exit_3_when_told, "ignore", "masking-thread"),
 }
 
 
@@ -302,7 +311,15 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
             time.sleep(60)
 
         threading.Thread(target=masking_thread, name="masking", daemon=True).start()
-    helper = ctx.Process(target=target, name="helper-0", daemon=True)  # type: ignore[attr-defined]
+    go = ctx.Event()  # type: ignore[attr-defined]
+    helper_args: tuple[Any, ...] = ()
+    if target == "exit_3_when_told-own-group":
+        target, helper_args = exit_3_when_told, (go, True)
+    elif target is exit_3_when_told:
+        helper_args = (go,)
+    helper = ctx.Process(  # type: ignore[attr-defined]
+        target=target, args=helper_args, name="helper-0", daemon=True
+    )
     helper.start()
     if action == "join-before-watch":
         helper.join()
@@ -310,10 +327,14 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
     wd.watch(helper, on_clean_exit=on_clean_exit)
     wd.arm()
     print("READY", helper.pid, wd.sidecar_pid or 0, flush=True)
+    if action not in ("handled-sigint", "handled-sighup", "handled-sigint-then-exit",
+                      "slow-c-handler", "masking-thread", "blocking-thread"):  # fmt: skip
+        go.set()  # these set it once what must come first has happened
     if action in ("handled-sigint", "handled-sighup", "handled-sigint-then-exit"):
         # This process alone is asked to stop (a notebook's interrupt, a log reopen), and
-        # carries on; its helper fails right after (exit_3 sleeps 0.3 s first).
+        # carries on; its helper fails right after (0.3 s after the stop).
         os.kill(os.getpid(), signal.SIGINT if "sigint" in action else signal.SIGHUP)
+        go.set()
         if action == "handled-sigint-then-exit":
             helper.join()
             time.sleep(0.3)  # the death is seen, and excused: this process is stopping
@@ -329,12 +350,17 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
         libc.signal(signal.SIGINT, ctypes.cast(libc.sleep, ctypes.c_void_p))
         # Sent from another thread, the signal is taken by the main thread while it sleeps
         # below without the GIL, as torchrun's SIGINT would be.
-        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        def interrupt() -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            go.set()  # the helper dies 0.3 s into the 2 s handler
+
+        threading.Timer(0.05, interrupt).start()
         survive(args.stop_grace + 3.0)
         wd.disarm()
         return
     if action == "masking-thread":
-        masking.set()  # before the helper's exit (it sleeps 0.3 s first)
+        masking.set()  # before the helper's exit (0.3 s after go)
+        go.set()
         survive()
         wd.disarm()
         return
@@ -348,6 +374,7 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
 
         threading.Thread(target=io_thread, name="io", daemon=True).start()
         blocked.wait(5)
+        go.set()
         survive()
         wd.disarm()
         return
