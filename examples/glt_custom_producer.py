@@ -130,9 +130,10 @@ class Backend:
         return self.sent[channel].value == BATCHES_PER_EPOCH
 
     def stop(self, *, failed: bool = False) -> None:
-        """Bounded: STOP (``None`` tasks) and 5 s, then SIGTERM and 5 s, then SIGKILL and
-        5 s. After a failure, SIGTERM at once: the survivors may be parked in a send that
-        nobody will receive, where they never read STOP. Idempotent."""
+        """Bounded: STOP (``None`` tasks) and 15 s (a worker's RPC shutdown took over 5 s on
+        a loaded 2-core machine), then SIGTERM and 5 s, then SIGKILL and 5 s. After a
+        failure, SIGTERM at once: the survivors may be parked in a send that nobody will
+        receive, where they never read STOP. Idempotent."""
         if getattr(self, "stopped", False):
             return
         self.stopped = True
@@ -141,7 +142,7 @@ class Backend:
         healthkit.stop(
             self.workers, request=None if failed else lambda: [self.tasks.put(None)
                                                                for _ in self.workers],
-            grace=0.0 if failed else 5.0, kill_after=5.0, kill_timeout=5.0,
+            grace=0.0 if failed else 15.0, kill_after=5.0, kill_timeout=5.0,
             name="backend workers",
         )  # fmt: skip
         self.tasks.cancel_join_thread()
