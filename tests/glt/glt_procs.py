@@ -10,11 +10,47 @@ by pid, dump their stacks from outside, and remove the segments by creator pid. 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import signal
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from healthkit.lowlevel import children, read_proc_stat
+
+HANG_LOGS = Path(__file__).resolve().parent.parent.parent / "build" / "test-logs"
+
+
+@contextlib.contextmanager
+def hang_guard(test: str, seconds: float, pids: Callable[[], list[int]]) -> Iterator[None]:
+    """Last resort for an in-process hang inside C++ (pytest-timeout's thread method would
+    leave the sampling workers running): after ``seconds``, write every thread's stack and the
+    test's name to ``build/test-logs/hang-<pid>.txt`` (pytest's capture dies with the process;
+    scripts/test prints these files at the end), SIGKILL the workers by pid, exit 70."""
+
+    def fire() -> None:
+        HANG_LOGS.mkdir(parents=True, exist_ok=True)
+        with open(HANG_LOGS / f"hang-{os.getpid()}.txt", "w") as f:
+            f.write(f"{test} hung for {seconds:g} s; its threads:\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        for pid in pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(70)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
 
 
 def cmdline(pid: int) -> str:

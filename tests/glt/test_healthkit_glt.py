@@ -9,7 +9,6 @@ this test process.
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import json
 import os
@@ -51,25 +50,10 @@ def glt_context() -> None:
 
 
 @pytest.fixture
-def guard() -> Iterator[None]:
-    """Last resort for an in-process hang inside C++: dump stacks, SIGKILL the sampling
-    workers we spawned (by pid), exit. pytest-timeout's thread method would leave them."""
-
-    def fire() -> None:
-        faulthandler.dump_traceback(all_threads=True)
-        for pid in procs.spawned_worker_pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os._exit(70)
-
-    timer = threading.Timer(GUARD_S, fire)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
-    timer.join()
+def guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Last resort for an in-process hang inside C++ (glt_procs.hang_guard)."""
+    with procs.hang_guard(request.node.nodeid, GUARD_S, procs.spawned_worker_pids):
+        yield
 
 
 def _segments_of(pid: int) -> set[int]:

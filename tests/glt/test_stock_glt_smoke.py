@@ -3,12 +3,9 @@ small random graph, in this process, bounded, and nothing is left behind afterwa
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -18,6 +15,7 @@ pytest.importorskip("graphlearn_torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import glt_fixtures as fx
+import glt_procs as procs
 
 pytestmark = pytest.mark.glt
 
@@ -50,24 +48,12 @@ def _sysv_segments_of(pid: int) -> list[int]:
 
 @pytest.mark.timeout(TEST_TIMEOUT_S, method="thread")
 def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
-    spawn_start_method: None, stop_resource_sharer: None
+    spawn_start_method: None, stop_resource_sharer: None, request: pytest.FixtureRequest
 ) -> None:
     segments_before = set(_sysv_segments_of(os.getpid()))
     worker_pids: list[int] = []
 
-    def guard() -> None:  # only runs if the test hangs
-        faulthandler.dump_traceback(all_threads=True)
-        for pid in worker_pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os._exit(70)
-
-    timer = threading.Timer(GUARD_S, guard)
-    timer.daemon = True
-    timer.start()
-    try:
+    with procs.hang_guard(request.node.nodeid, GUARD_S, lambda: worker_pids):
         fx.init_single_process_context()
         dataset = fx.build_dataset()
         t0 = time.monotonic()
@@ -86,9 +72,6 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
         workers = loader._mp_producer._workers
         del loader, dataset
         gc.collect()  # the ShmChannel's owner removes its SysV segment in its destructor
-    finally:
-        timer.cancel()
-        timer.join()
 
     assert len(epoch.digests) == -(-fx.NUM_NODES // fx.BATCH_SIZE)
     assert epoch.seeds == list(range(fx.NUM_NODES))
