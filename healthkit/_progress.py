@@ -290,37 +290,17 @@ class ProgressWatch:
             if self._depth == 0:
                 self._v[_SINCE] = 0
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
+    def call(self) -> contextlib.AbstractContextManager[None]:
         """A request to the helper is in flight in this thread while the block runs; its
         return is the progress. Any thread, and any process forked from this one, may call
         at once; each call is timed on its own. Needs ``callers=True``. Costs two stores
         and a memory barrier per call (a slot is claimed once per thread)."""
         if self._closed:  # its helper was stopped on purpose: nothing to time
-            yield
-            return
+            return contextlib.nullcontext()
         local = self._local
         if getattr(local, "generation", -1) != _fork_generation:
             self._claim(local)
-        if local.depth:  # a call inside a call of the same thread: the outer one times it
-            local.depth += 1
-            try:
-                yield
-            finally:
-                local.depth -= 1
-            return
-        v, at = self._v, local.at
-        local.depth = 1
-        v[at] = _monotonic_ns()
-        _fence()
-        if not v[_TIMING]:
-            self._ring()
-        try:
-            yield
-        finally:
-            local.depth = 0
-            with contextlib.suppress(ValueError):  # closed meanwhile: its mapping is gone
-                v[at] = 0
+        return local.call  # type: ignore[no-any-return]
 
     def _claim(self, local: threading.local) -> None:
         """Claim this thread's call slot: a free one, or one whose thread is gone."""
@@ -357,7 +337,8 @@ class ProgressWatch:
                     v[_CLAIMED] = i + 1
             finally:
                 os.close(lock_fd)  # and with it the lock
-        local.at, local.depth, local.generation = at, 0, _fork_generation
+        local.call = _Call(self, at)
+        local.generation = _fork_generation
 
     def _ring(self) -> None:
         """Wake the watcher (it is not timing): one byte into the bell, never blocking."""
@@ -461,6 +442,34 @@ class ProgressWatch:
             f"<healthkit ProgressWatch {self.name!r} stall_timeout={self.stall_timeout:g} "
             f"{state} beats={self.beats}>"
         )
+
+
+class _Call:
+    """One thread's call slot, entered for each call (reused: no allocation per call)."""
+
+    __slots__ = ("_at", "_depth", "_v", "_watch")
+
+    def __init__(self, watch: ProgressWatch, at: int) -> None:
+        self._watch, self._v, self._at, self._depth = watch, watch._v, at, 0
+
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._depth > 1:  # a call inside a call of this thread: the outer one times it
+            return
+        v = self._v
+        v[self._at] = _monotonic_ns()
+        with _fence_lock:  # _fence(), inline: a full barrier between the store and the load
+            pass
+        if not v[_TIMING]:
+            self._watch._ring()
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            try:
+                self._v[self._at] = 0
+            except ValueError:  # closed meanwhile: its mapping is gone
+                pass
 
 
 @attrs.define(eq=False)
