@@ -457,7 +457,10 @@ class _Call:
         if self._depth > 1:  # a call inside a call of this thread: the outer one times it
             return
         v = self._v
-        v[self._at] = _monotonic_ns()
+        try:
+            v[self._at] = _monotonic_ns()
+        except ValueError:  # closed since call() returned this: nothing to time
+            return
         with _fence_lock:  # _fence(), inline: a full barrier between the store and the load
             pass
         if not v[_TIMING]:

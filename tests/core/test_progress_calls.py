@@ -40,10 +40,14 @@ def fired() -> list[tuple[float, FailureEvent]]:
 
 
 def _watchdog(fired: list[tuple[float, FailureEvent]], **kw: object) -> DisarmableWatchdog:
+    """A watchdog that records what fires. Its stop grace is short: other tests of this
+    process send it SIGTERM (a stop episode), and within the default grace (30 s) a stall is
+    rightly deferred."""
     def record(event: FailureEvent) -> None:
         fired.append((time.monotonic(), event))
         event.diagnosis  # noqa: B018 - gathered here, as log_diagnosis would
 
+    kw.setdefault("stop_grace", 2.0)
     return DisarmableWatchdog(actions=[record], **kw)  # type: ignore[arg-type]
 
 
