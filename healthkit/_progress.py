@@ -17,8 +17,22 @@ spawned or forkserver one receives the fd while it is started (pickled through
 ``/proc/<owner>/fd``.
 
 Slot layout (int64): 0 beats, 1 last beat (ns), 2 helper pid, 3 helper start time, 4 since
-when progress is expected (ns; 0: idle), 5 a watcher is timing this page (1/0); bytes 64-191
-what the owner waits for (UTF-8).
+when progress is expected (ns; 0: idle), 5 a watcher is timing this page (1/0), 6 call slots
+claimed so far, 7 call slots there are; bytes 64-191 what the owner waits for (UTF-8); 24
+since when the helper answers calls; from byte 200, with ``callers``, one call slot per calling
+thread (4 int64: since when its call is
+in flight (ns; 0: none), its pid, its tid, its process's start time).
+
+Calls. A request to the helper may be made from many threads and forked processes at once
+(DataLoader workers sharing one sampler server), so one "expected since" cannot say when each
+call began nor end when the last one returns. Each calling thread claims a slot of its own
+once (under a file lock, so two processes never take the same one; a slot whose thread is
+gone is taken again), and then a call is two stores into it: the start time, then 0 when it
+returns. The return is the progress: a call unanswered for ``stall_timeout`` is a stall,
+whatever other calls do. A caller that finds no watcher timing rings a pipe (the *bell*) that
+the watcher waits on: a pipe, because the caller may be a forked process that shares nothing
+else with the watcher. A slot whose process died mid-call (a DataLoader worker ended by its
+loader) is never a stall: the watcher checks the owner is alive before it fires.
 
 Wake-ups. A watcher sets a timer only while progress is expected: at the last beat (or the
 start of the wait, if later) plus ``stall_timeout``; it wakes there once, and either finds a
@@ -33,6 +47,7 @@ missed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import shutil
@@ -61,11 +76,30 @@ from healthkit._stopsignals import StopEpisode
 __all__ = ["Heartbeat", "ProgressWatch", "Tracker", "stall_diagnosis"]
 
 _PAGE: Final = 4096
-_BEATS, _LAST, _PID, _START, _SINCE, _TIMING = range(6)
+_BEATS, _LAST, _PID, _START, _SINCE, _TIMING, _CLAIMED, _CALLERS = range(8)
 _WHAT_AT, _WHAT_LEN = 64, 128
+_READY: Final = 24  # int64 index: since when the helper answers calls (ns; 0: not yet)
+_SLOTS_AT: Final = 25  # int64 index of the first call slot (byte 200)
+_SLOT: Final = 4  # int64s per call slot: since, pid, tid, process start time
+#: The most calling threads one watch can time at once (a slot is taken again once its
+#: thread is gone); 8 pages.
+MAX_CALLERS: Final = (8 * _PAGE // 8 - _SLOTS_AT) // _SLOT  # 1017
 _NS = 1_000_000_000
 _monotonic_ns = time.monotonic_ns
 _fence_lock = threading.Lock()
+_claim_lock = threading.Lock()  # threads of one process claiming call slots
+_fork_generation = 0  # bumped in each forked child: a thread's claimed slot is its parent's
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork stays held forever in the child.
+    global _fence_lock, _claim_lock, _fork_generation
+    _fence_lock = threading.Lock()
+    _claim_lock = threading.Lock()
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _fence() -> None:
@@ -75,8 +109,18 @@ def _fence() -> None:
 
 
 def _map(fd: int) -> tuple[mmap.mmap, memoryview]:
-    mm = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    size = max(_PAGE, os.fstat(fd).st_size)
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     return mm, memoryview(mm).cast("q")
+
+
+def _caller_alive(pid: int, tid: int, start_time: int) -> bool:
+    """Whether the thread that claimed a call slot still exists (same process, by start
+    time: a pid may have been handed to another process since)."""
+    stat = read_proc_stat(pid)
+    if stat is None or stat.state in ("Z", "X") or stat.start_time != start_time:
+        return False
+    return os.path.exists(f"/proc/{pid}/task/{tid}")
 
 
 class Heartbeat:
@@ -100,21 +144,33 @@ class Heartbeat:
         v[0] += 1
         v[1] = _monotonic_ns()
 
-    def attach(self, *, stacks: bool = True) -> None:
+    def attach(self, *, stacks: bool = True, ready: bool = True) -> None:
         """In the helper, at its start: say which process beats (the owner shows this
         process's state when it stalls) and, with ``stacks``, let the owner read its Python
         stacks without interrupting it (a dumper thread answers; call this before the helper
-        starts threads). Nothing happens if the application handles SIGUSR2 itself."""
+        starts threads). Nothing happens if the application handles SIGUSR2 itself.
+
+        ``ready=False``: the helper still starts up (loads a graph) and calls to it
+        (:meth:`ProgressWatch.call`) are not timed until it calls :meth:`ready`; give its
+        start-up a bound of its own."""
         check_bool(stacks, "stacks")
+        check_bool(ready, "ready")
         pid = os.getpid()
         stat = read_proc_stat(pid)
         self._v[_START] = stat.start_time if stat is not None else 0
         self._v[_PID] = pid
+        if ready:
+            self.ready()
         if stacks:
             from healthkit._stacks import enable_quiet_stack_dumps
             from healthkit._userdir import record_dir
 
             enable_quiet_stack_dumps(record_dir())
+
+    def ready(self) -> None:
+        """Calls to this helper are answered from now on: each call in flight is timed
+        from the later of its start and now (see :meth:`attach`'s ``ready``)."""
+        self._v[_READY] = _monotonic_ns()
 
     @property
     def beats(self) -> int:
@@ -147,10 +203,19 @@ class ProgressWatch:
     :meth:`expecting`; a wait with no beat for ``stall_timeout`` seconds fires the
     watchdog with the helper's state and stacks. ``who`` names the waiter in the report
     (default ``rank <RANK>`` under torchrun, else this pid).
+
+    ``callers=True``: requests to the helper are made from several threads or forked
+    processes at once (DataLoader workers calling one server); wrap each in :meth:`call`,
+    and each call is timed on its own, its return being the progress.
     """
 
     def __init__(
-        self, stall_timeout: float, *, name: str = "helper", who: str | None = None
+        self,
+        stall_timeout: float,
+        *,
+        name: str = "helper",
+        who: str | None = None,
+        callers: bool = False,
     ) -> None:
         timeout = check_timeout(stall_timeout, "stall_timeout", allow_none=False, positive=True)
         assert timeout is not None
@@ -162,17 +227,23 @@ class ProgressWatch:
             )
         check_str(name, "name")
         check_str(who, "who", allow_none=True)
+        check_bool(callers, "callers")
         self.stall_timeout: float = timeout
         self.name = name
         self.who = who if who is not None else _default_who()
         fd = os.memfd_create("healthkit-progress", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, _PAGE)
+            os.ftruncate(fd, 8 * _PAGE if callers else _PAGE)
             self.heartbeat = Heartbeat(fd, name)
         except BaseException:
             os.close(fd)
             raise
         self._v = self.heartbeat._v
+        self._bell: tuple[int, int] | None = None
+        if callers:
+            self._v[_CALLERS] = MAX_CALLERS
+            self._bell = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._local = threading.local()
         self._lock = threading.Lock()
         self._depth = 0
         self._what = ""
@@ -218,6 +289,68 @@ class ProgressWatch:
             self._depth -= 1
             if self._depth == 0:
                 self._v[_SINCE] = 0
+
+    def call(self) -> contextlib.AbstractContextManager[None]:
+        """A request to the helper is in flight in this thread while the block runs; its
+        return is the progress. Any thread, and any process forked from this one, may call
+        at once; each call is timed on its own. Needs ``callers=True``. Costs two stores
+        and a memory barrier per call (a slot is claimed once per thread)."""
+        if self._closed:  # its helper was stopped on purpose: nothing to time
+            return contextlib.nullcontext()
+        local = self._local
+        if getattr(local, "generation", -1) != _fork_generation:
+            self._claim(local)
+        return local.call  # type: ignore[no-any-return]
+
+    def _claim(self, local: threading.local) -> None:
+        """Claim this thread's call slot: a free one, or one whose thread is gone."""
+        if self._bell is None:
+            raise InvalidArgumentError(
+                "call() needs a ProgressWatch made with callers=True", "callers"
+            )
+        pid, tid = os.getpid(), threading.get_native_id()
+        stat = read_proc_stat(pid)
+        start = stat.start_time if stat is not None else 0
+        v = self._v
+        with _claim_lock:
+            # A lock of its own open file: flock excludes other open files of the memfd,
+            # not the one a forked child shares with its parent.
+            lock_fd = os.open(f"/proc/self/fd/{self.fileno()}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                claimed = int(v[_CLAIMED])
+                for i in range(MAX_CALLERS):
+                    at = _SLOTS_AT + i * _SLOT
+                    if i >= claimed or v[at + 1] == 0 or not _caller_alive(
+                        int(v[at + 1]), int(v[at + 2]), int(v[at + 3])
+                    ):
+                        break
+                else:
+                    raise InvalidArgumentError(
+                        f"more than {MAX_CALLERS} live threads call through {self.name!r} "
+                        "at once: use a ProgressWatch per group of callers",
+                        "callers",
+                    )
+                v[at] = 0
+                v[at + 1], v[at + 2], v[at + 3] = pid, tid, start
+                if i >= claimed:
+                    v[_CLAIMED] = i + 1
+            finally:
+                os.close(lock_fd)  # and with it the lock
+        local.call = _Call(self, at)
+        local.generation = _fork_generation
+
+    def _ring(self) -> None:
+        """Wake the watcher (it is not timing): one byte into the bell, never blocking."""
+        assert self._bell is not None
+        with contextlib.suppress(OSError):
+            os.write(self._bell[1], b"\0")
+
+    @property
+    def bell(self) -> int | None:
+        """The read end of the pipe callers ring when no watcher is timing (``callers=True``
+        only): a watcher waits on it and drains it with :func:`drain`."""
+        return self._bell[0] if self._bell is not None else None
 
     # ---- what it knows
     @property
@@ -292,6 +425,10 @@ class ProgressWatch:
             self.heartbeat._mm.close()
         with contextlib.suppress(OSError):
             os.close(self.heartbeat._fd)
+        if self._bell is not None:
+            for fd in self._bell:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def __enter__(self) -> ProgressWatch:
         return self
@@ -305,6 +442,37 @@ class ProgressWatch:
             f"<healthkit ProgressWatch {self.name!r} stall_timeout={self.stall_timeout:g} "
             f"{state} beats={self.beats}>"
         )
+
+
+class _Call:
+    """One thread's call slot, entered for each call (reused: no allocation per call)."""
+
+    __slots__ = ("_at", "_depth", "_v", "_watch")
+
+    def __init__(self, watch: ProgressWatch, at: int) -> None:
+        self._watch, self._v, self._at, self._depth = watch, watch._v, at, 0
+
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._depth > 1:  # a call inside a call of this thread: the outer one times it
+            return
+        v = self._v
+        try:
+            v[self._at] = _monotonic_ns()
+        except ValueError:  # closed since call() returned this: nothing to time
+            return
+        with _fence_lock:  # _fence(), inline: a full barrier between the store and the load
+            pass
+        if not v[_TIMING]:
+            self._watch._ring()
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            try:
+                self._v[self._at] = 0
+            except ValueError:  # closed meanwhile: its mapping is gone
+                pass
 
 
 @attrs.define(eq=False)
@@ -321,37 +489,89 @@ class Tracker:
     due: float | None = None  # monotonic seconds of the next look; None: idle, no timer
     fired: bool = False
     mm: mmap.mmap | None = None  # the sidecar's own mapping, closed with the tracker
+    bell: int | None = None  # the read end of the callers' bell (see ProgressWatch.call)
+    owns_bell: bool = False  # opened through /proc by the sidecar: closed with the tracker
+    caller: tuple[int, int] | None = None  # (pid, tid) of the call timed last, if a call
 
     @classmethod
     def of(cls, watch: ProgressWatch) -> Tracker:
         """A tracker with its own mapping of the page: the owner may close its watch (and
         its mapping) while a watcher still looks."""
         mm, view = _map(watch.fileno())
-        return cls(view, watch.stall_timeout, watch.name, watch.who, mm=mm)
+        return cls(view, watch.stall_timeout, watch.name, watch.who, mm=mm, bell=watch.bell)
 
     @classmethod
-    def open(cls, path: str, stall_timeout: float, name: str, who: str) -> Tracker:
+    def open(
+        cls, path: str, stall_timeout: float, name: str, who: str, bell: str | None = None
+    ) -> Tracker:
+        """Map the page at ``path`` (``/proc/<owner>/fd/<fd>``) and open the callers' bell
+        at ``bell`` (the read end of a pipe: opening it there opens the same pipe)."""
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             mm, view = _map(fd)
         finally:
             os.close(fd)
-        return cls(view, stall_timeout, name, who, mm=mm)
+        bell_fd = None
+        if bell is not None:
+            try:
+                bell_fd = os.open(bell, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except BaseException:
+                view.release()
+                mm.close()
+                raise
+        return cls(view, stall_timeout, name, who, mm=mm, bell=bell_fd, owns_bell=True)
+
+    def drain(self) -> None:
+        """Empty the bell (the watcher then looks at the page: a call began)."""
+        if self.bell is None:
+            return
+        with contextlib.suppress(OSError):
+            while os.read(self.bell, 512):
+                pass
+
+    def _expected_since(self, now_ns: int) -> int | None:
+        """Since when progress is expected and not seen (ns), or ``None``: the later of the
+        last beat and the start of the owner's wait, or the start of the oldest call in
+        flight whose thread is still alive, whichever is older."""
+        v = self.view
+        oldest: int | None = None
+        since = int(v[_SINCE])
+        if since:
+            oldest = max(int(v[_LAST]), since)
+        self.caller = None
+        ready = int(v[_READY])
+        if v[_CALLERS] and ready:  # a helper still starting up is not stalled
+            due_ns = now_ns - int(self.stall_timeout * _NS)
+            for i in range(int(v[_CLAIMED])):
+                at = _SLOTS_AT + i * _SLOT
+                raw = int(v[at])
+                call = max(raw, ready)
+                if not raw or (oldest is not None and call >= oldest):
+                    continue
+                pid, tid = int(v[at + 1]), int(v[at + 2])
+                # Only a call old enough to fire costs a look at /proc: its caller may be
+                # gone mid-call (a DataLoader worker ended by its loader), which is no stall.
+                if call <= due_ns and not _caller_alive(pid, tid, int(v[at + 3])):
+                    continue
+                if int(v[at]) != raw:
+                    continue  # it returned meanwhile
+                oldest, self.caller = call, (pid, tid)
+        return oldest
 
     def quiet_for(self, now: float) -> float | None:
         """Seconds without progress while expected (``None``: idle). Starts timing, or
         stops when idle (see the module's docstring for the order of the loads)."""
         v = self.view
-        since = v[_SINCE]
-        if since == 0:
+        now_ns = int(now * _NS)
+        since = self._expected_since(now_ns)
+        if since is None:
             v[_TIMING] = 0
             _fence()
-            since = v[_SINCE]
-            if since == 0:
+            since = self._expected_since(now_ns)
+            if since is None:
                 return None
         v[_TIMING] = 1
-        last = max(int(v[_LAST]), int(since))
-        return max(0.0, now - last / _NS)
+        return max(0.0, now - since / _NS)
 
     def look(
         self,
@@ -404,21 +624,33 @@ class Tracker:
             with contextlib.suppress(Exception):
                 self.view.release()
                 self.mm.close()
+        if self.owns_bell and self.bell is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.bell)
+            self.bell = None
 
 
 def _py_spy(pid: int) -> str | None:
-    """Native and Python frames from py-spy, when it is installed (never required)."""
+    """Native and Python frames from py-spy, when it is on ``PATH`` (never required).
+
+    ``--native`` stops the process with ptrace for a moment; it fails on a process that is
+    stopped already (SIGSTOP, a debugger). Then ``--nonblocking`` still reads its Python
+    frames from its memory. Nothing is said when py-spy is absent or cannot read it (no
+    ptrace permission): the report stands without it."""
     exe = shutil.which("py-spy")
     if exe is None:
         return None
-    try:
-        out = subprocess.run(
-            [exe, "dump", "--native", "--pid", str(pid)],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    for how in ("--native", "--nonblocking"):
+        try:
+            out = subprocess.run(
+                [exe, "dump", how, "--pid", str(pid)],
+                capture_output=True, text=True, timeout=10, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if out.returncode == 0 and out.stdout.strip():
+            return f"py-spy dump {how} --pid {pid}:\n{out.stdout.strip()}"
+    return None
 
 
 #: Up to this many threads are listed one by one; beyond, the main thread and a count of
@@ -438,6 +670,18 @@ def _describe_threads(tasks: list[TaskWait]) -> list[str]:
     return [tasks[0].describe(), f"{len(tasks) - 1} other threads: {summary}"]
 
 
+def _stall_what(tracker: Tracker, quiet: float) -> str:
+    caller = tracker.caller
+    if caller is None:
+        return (
+            f"stalled: no progress for {quiet:.1f} s while {tracker.who} waited for "
+            f"{tracker.what}"
+        )
+    pid, tid = caller
+    where = f"pid {pid}" if pid == tid else f"pid {pid}, thread {tid}"
+    return f"stalled: a call made for {tracker.who} by {where} unanswered for {quiet:.1f} s"
+
+
 def stall_diagnosis(
     tracker: Tracker,
     quiet: float,
@@ -455,10 +699,10 @@ def stall_diagnosis(
     pid = helper[0] if helper else None
     last = tracker.last_beat
     beats = tracker.beats
-    facts = [
-        f"{beats} beat{'s' if beats != 1 else ''} so far"
-        + (f", the last {time.monotonic() - last:.1f} s ago" if last is not None else ", none yet")
-    ]
+    facts = []
+    if tracker.caller is None or beats:  # a helper answering calls need not beat
+        ago = f", the last {time.monotonic() - last:.1f} s ago" if last is not None else ""
+        facts.append(f"{beats} beat{'s' if beats != 1 else ''} so far" + (ago or ", none yet"))
     likely = "it is alive but making no progress"
     stacks: str | None = None
     if pid is None:
@@ -480,18 +724,26 @@ def stall_diagnosis(
             from healthkit._stacks import dump_stacks
             from healthkit._userdir import record_dir
 
-            if dump is None:
+            stopped = bool(tasks) and tasks[0].state in ("T", "t")
+            if stopped:
+                dumped = None  # it cannot run its handler: waiting for a dump is no use
+            elif dump is None:
                 dumped = dump_stacks(record_dir(), [pid], timeout=stack_timeout).get(pid)
             else:  # the helper opted in elsewhere (a BoundedBarrier's directory)
                 dumped = dump([pid]).get(pid)
             parts = []
             if dumped:
                 parts.append(f"Python stacks of {tracker.name} (pid {pid}):\n{dumped.strip()}")
+            elif stopped:
+                facts.append(
+                    "no Python stacks: it is stopped (SIGSTOP or a debugger), so it cannot "
+                    "write them (py-spy, if installed, reads them below)"
+                )
             else:
                 facts.append("no Python stacks (the helper did not attach with stacks=True)")
             native = _py_spy(pid)
             if native:
-                parts.append(f"py-spy dump --native --pid {pid}:\n{native}")
+                parts.append(native)
             stacks = "\n".join(parts) or None
     now_mono, now_wall = time.monotonic(), time.time()
     return Diagnosis(
@@ -500,12 +752,13 @@ def stall_diagnosis(
         exit_code=None,
         signal=None,
         cause=Cause.STALLED,
-        what=f"stalled: no progress for {quiet:.1f} s while {tracker.who} waited for "
-        f"{tracker.what}",
+        what=_stall_what(tracker, quiet),
         likely=likely,
         evidence=tuple(facts),
         hint=f"The stacks below show where it is stuck; if its work can legitimately take "
-        f"longer than {tracker.stall_timeout:g} s between beats, raise stall_timeout",
+        f"longer than {tracker.stall_timeout:g} s "
+        + ("to answer a call" if tracker.caller is not None else "between beats")
+        + ", raise stall_timeout",
         observed_at=now_mono,
         observed_at_wall=now_wall,
         stacks=stacks,

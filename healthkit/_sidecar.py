@@ -53,8 +53,9 @@ owner -> sidecar
 ``stop``            ``signal``, ``at`` (``CLOCK_MONOTONIC`` seconds): a stop signal reached the
                     owner (sent before the owner consumes its byte)
 ``stopped``         ``pid``, ``start_time``: :func:`healthkit.stop` is about to end it
-``progress``        ``fd``, ``name``, ``who``, ``stall_timeout``: watch a progress page (opened
-                    through ``/proc/<owner>/fd/<fd>``); answered by ``watching``
+``progress``        ``fd``, ``bell``, ``name``, ``who``, ``stall_timeout``: watch a progress
+                    page (opened through ``/proc/<owner>/fd/<fd>``; ``bell``, if not null,
+                    the pipe its callers ring, opened the same way); answered by ``watching``
 ``expect``          a wait for progress began while no timer was set: look at the pages
 ``disarm``          exit now
 ==================  =========================================================================
@@ -364,6 +365,7 @@ class SidecarLink:
             self._send(
                 op="progress",
                 fd=watch.fileno(),
+                bell=watch.bell,
                 name=watch.name,
                 who=watch.who,
                 stall_timeout=watch.stall_timeout,
@@ -722,8 +724,13 @@ class _Sidecar:
         assert self.owner is not None
         path = f"/proc/{self.owner.pid}/fd/{int(msg['fd'])}"
         try:
+            bell = msg.get("bell")
             tracker = Tracker.open(
-                path, float(msg["stall_timeout"]), str(msg["name"]), str(msg["who"])
+                path,
+                float(msg["stall_timeout"]),
+                str(msg["name"]),
+                str(msg["who"]),
+                bell=None if bell is None else f"/proc/{self.owner.pid}/fd/{int(bell)}",
             )
         except (OSError, ValueError) as e:
             logger.error(
@@ -732,6 +739,13 @@ class _Sidecar:
             )
             return
         self.trackers.append(tracker)
+        if tracker.bell is not None:
+
+            def rung() -> None:  # a call began while no timer was set: look
+                tracker.drain()
+                self.waits.wake()
+
+            self.waits.add_fd(tracker.bell, rung)
 
     def look_progress(self) -> None:
         """Look at each progress page that is due or not timed yet."""

@@ -413,8 +413,17 @@ class DisarmableWatchdog:
             link.progress(progress)
             progress.add_poke(link.expect)
             return
-        self._trackers[id(progress)] = Tracker.of(progress)
+        tracker = Tracker.of(progress)
+        self._trackers[id(progress)] = tracker
         progress.add_poke(self._poke_watcher)
+        watch_set = self._set
+        if tracker.bell is not None and watch_set is not None:
+
+            def rung() -> None:  # a call began while no timer was set: look
+                tracker.drain()
+                watch_set.wake()
+
+            watch_set.add_fd(tracker.bell, rung)
         self._poke_watcher()
 
     def _stop_progress(self, link: SidecarLink | None) -> list[Tracker]:
@@ -426,6 +435,10 @@ class DisarmableWatchdog:
                 progress.remove_poke(link.expect)
         trackers = list(self._trackers.values())
         self._trackers.clear()
+        watch_set = self._set
+        for tracker in trackers:
+            if tracker.bell is not None and watch_set is not None:
+                watch_set.remove_fd(tracker.bell)
         return trackers
 
     def _poke_watcher(self) -> None:

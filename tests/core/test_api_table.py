@@ -345,6 +345,7 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         ],
         "name": Case(lambda e: healthkit.ProgressWatch(1, name=5), T),
         "who": Case(lambda e: healthkit.ProgressWatch(1, who=5), T),
+        "callers": Case(lambda e: healthkit.ProgressWatch(1, callers=1), T),
     },
     "healthkit.WatchSet": {
         "watches": [Case(lambda e: WatchSet(5), T), Case(lambda e: WatchSet([e.child.pid]), T)],

@@ -89,6 +89,8 @@ GL: dict[str, dict[str, Case | list[Case]]] = {
         "exit_code": Case(lambda e: _launch(exit_code=0)),
         "actions": [Case(lambda e: _launch(actions=[])),
                     Case(lambda e: _launch(mode="thread", actions=[5]), T)],
+        "stall_timeout": [Case(lambda e: _launch(stall_timeout=0)),
+                          Case(lambda e: _launch(stall_timeout="60"), T)],
     },
     "healthkit_graphlearn.server_address": {
         "host": Case(lambda e: hkgl.server_address(host=b"h", port=1), T),
@@ -114,6 +116,7 @@ GL_EXEMPT = {
     "healthkit_graphlearn.ClientRetryBudget": "a value shorten_client_retries returns",
     "healthkit_graphlearn.GraphLearnBuild": "a value graphlearn_build returns",
     "healthkit_graphlearn.SamplerServer": "built by launch_sampler_server",
+    "healthkit_graphlearn.server_call": "takes no argument",
     **{f"healthkit_graphlearn.{n}": "an error (its pickling is tested below)"
        for n in hkgl.__all__
        if isinstance(getattr(hkgl, n), type) and issubclass(getattr(hkgl, n), BaseException)},

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         SamplerServerStartupError,
         SamplerServerTimeoutError,
         launch_sampler_server,
+        server_call,
     )
     from healthkit_graphlearn._worker import die_with_rank
 
@@ -83,6 +84,7 @@ _EXPORTS = {
     "SamplerServerStartupError": "_server",
     "SamplerServerTimeoutError": "_server",
     "launch_sampler_server": "_server",
+    "server_call": "_server",
 }
 
 __all__ = [
@@ -109,6 +111,7 @@ __all__ = [
     "import_graphlearn",
     "launch_sampler_server",
     "server_address",
+    "server_call",
     "set_load_graph_thread_num",
     "set_use_string_hash_id",
     "shorten_client_retries",

@@ -33,6 +33,7 @@ needs the counts can compute them from its node table.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -50,10 +51,12 @@ from healthkit import (
     DisarmableWatchdog,
     ExitDiagnoser,
     HealthkitError,
+    Heartbeat,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ProcessDiedError,
     ProcessWatch,
+    ProgressWatch,
     WatchSet,
     record_exception,
     stop,
@@ -83,6 +86,7 @@ __all__ = [
     "SamplerServerStartupError",
     "SamplerServerTimeoutError",
     "launch_sampler_server",
+    "server_call",
 ]
 
 logger = logging.getLogger("healthkit.graphlearn")
@@ -136,8 +140,12 @@ class SamplerServer:
         started_at: float | None = None,
         ready_timeout: float | None = None,
         diagnoser: ExitDiagnoser | None = None,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.process = process
+        #: Times the client calls made through :meth:`call` (``stall_timeout`` given), or
+        #: ``None``.
+        self.progress = progress
         self.watch = watch
         self.watchdog = watchdog
         self.cluster: dict[str, int | str] = dict(cluster)
@@ -246,6 +254,14 @@ class SamplerServer:
             self._ready_conn.close()
             self._ready_conn = None
 
+    def call(self) -> contextlib.AbstractContextManager[None]:
+        """A GL client call to the server is in flight while the block runs (see
+        :func:`server_call`); nothing is timed without ``stall_timeout`` or once stopped."""
+        progress = self.progress
+        if progress is None or self._stopped:
+            return contextlib.nullcontext()
+        return progress.call()
+
     def _check_owner(self, what: str) -> None:
         if os.getpid() != self._owner_pid:
             raise LaunchContextError(
@@ -286,6 +302,8 @@ class SamplerServer:
             )
             self._exitcode = proc.exitcode
             self.watch.close()
+            if self.progress is not None:
+                self.progress.close()
             self._close_ready_conn()
             self._stopped = True
         _forget(self)
@@ -308,6 +326,25 @@ class SamplerServer:
 # One server per process: the duplicate-launch guard.
 _launch_lock = threading.Lock()
 _launched: SamplerServer | None = None
+
+
+def server_call() -> contextlib.AbstractContextManager[None]:
+    """Wrap each GL client call to this node's sampler server in ``with server_call():``.
+
+    With ``launch_sampler_server(..., stall_timeout=T)``, a call unanswered for ``T``
+    seconds while the server is alive fails the rank that launched it, with the server's
+    state (``/proc`` state, wait channel, what each thread is blocked on) and stacks,
+    instead of a hang until the collective's timeout. Works in the launching process, in
+    any of its threads and in the processes forked from it (DataLoader workers), all at
+    once, each call timed on its own; the cost is two stores and a memory barrier per
+    call. Where no server was launched with a ``stall_timeout`` (the other local ranks,
+    or none given) it does nothing."""
+    server = _launched
+    if server is None:
+        return contextlib.nullcontext()
+    return server.call()
+
+
 def _forget(server: SamplerServer) -> None:
     global _launched
     with _launch_lock:
@@ -328,6 +365,7 @@ def launch_sampler_server(
     on_clean_exit: CleanExit = "ignore",
     exit_code: int = 1,
     actions: Sequence[Action] | None = None,
+    stall_timeout: float | None = None,
 ) -> SamplerServer | None:
     """Start this node's GL sampler server and watch it; ``None`` on ranks that run none.
 
@@ -354,6 +392,12 @@ def launch_sampler_server(
     ``close()``, GL's orderly shutdown, so by default that is not a failure ("warn" logs it,
     "fail" treats it like a crash). ``actions`` (thread mode only) replaces the default
     log + error file + exit.
+
+    ``stall_timeout``: a client call made inside :func:`server_call` (or
+    ``SamplerServer.call()``) that the live server leaves unanswered for this many seconds
+    fails the rank like a death, with the server's state and stacks. Calls are timed only
+    once the server serves (its loading has ``ready_timeout``); no call in flight, nothing
+    is timed. Default ``None``: calls are not timed.
 
     A second call in the same process returns the first server (and logs that it did).
 
@@ -383,6 +427,8 @@ def launch_sampler_server(
     check_bool(arm, "arm")
     check_choice(on_clean_exit, ("ignore", "warn", "fail"), "on_clean_exit")
     check_exit_code(exit_code, "exit_code")
+    if stall_timeout is not None:
+        check_timeout(stall_timeout, "stall_timeout", positive=True, minimum=0.05)
     if actions is not None:
         if mode != "thread":
             raise InvalidArgumentError(
@@ -449,6 +495,7 @@ def launch_sampler_server(
             on_clean_exit=on_clean_exit,
             exit_code=exit_code,
             actions=actions,
+            stall_timeout=None if stall_timeout is None else float(stall_timeout),
         )
         _launched = server
         return server
@@ -507,6 +554,7 @@ def _serve(
     unused_end: Connection,
     parent_pid: int,
     ready_deadline: float | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
     """The server process: GL's ``_server_manager`` with a readiness message, no stats.
 
@@ -516,7 +564,12 @@ def _serve(
 
     ``ready_deadline``: seconds after which a server whose ``graph.init()`` has not returned
     dies of SIGALRM. A kernel timer, because ``init()`` holds the GIL: no Python code of this
-    process runs until it returns."""
+    process runs until it returns.
+
+    ``heartbeat``: the owner times client calls (``stall_timeout``). The server attaches
+    before ``graph.init()`` (its stacks can then be read without interrupting it, GL's
+    threads included) and says it is ready after: calls made while it loads are not
+    timed."""
     die_with_parent(parent_pid)  # first: from here on it cannot outlive its owner
     set_thread_name("gl-sampler-srv")
     unused_end.close()
@@ -527,12 +580,16 @@ def _serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # An explicit server list needs GL's RPC tracker mode; the default (file tracker) aborts.
     _gl_module(graph).set_tracker_mode(0)
+    if heartbeat is not None:
+        heartbeat.attach(ready=False)
     if ready_deadline is not None:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)  # its default action: terminate
         signal.setitimer(signal.ITIMER_REAL, ready_deadline)
     graph.init(cluster=cluster, job_name="server", task_index=task_index)
     if ready_deadline is not None:
         signal.setitimer(signal.ITIMER_REAL, 0)
+    if heartbeat is not None:
+        heartbeat.ready()
     ready.send(os.getpid())
     ready.close()
     graph.server_get_stats()  # result dropped on purpose: see the module docstring
@@ -552,14 +609,27 @@ def _start(
     on_clean_exit: CleanExit,
     exit_code: int,
     actions: Sequence[Action] | None,
+    stall_timeout: float | None = None,
 ) -> SamplerServer:
     name = f"graphlearn sampler server {task_index} at {address}"
+    progress = None if stall_timeout is None else ProgressWatch(
+        stall_timeout, name=name, callers=True
+    )
     diagnoser = ExitDiagnoser()  # OOM evidence is counted from here on
     ctx = multiprocessing.get_context("fork")  # the graph object cannot be pickled
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_serve,
-        args=(graph, cluster, task_index, send, recv, os.getpid(), None if wait else ready_timeout),
+        args=(
+            graph,
+            cluster,
+            task_index,
+            send,
+            recv,
+            os.getpid(),
+            None if wait else ready_timeout,
+            None if progress is None else progress.heartbeat,
+        ),
         name=name,
         daemon=True,  # multiprocessing's exit hook ends it on a normal exit
     )
@@ -568,6 +638,8 @@ def _start(
         proc.start()
     except BaseException:
         recv.close()
+        if progress is not None:
+            progress.close()
         raise
     finally:
         send.close()  # the child holds the only write end: its death reads as EOF
@@ -578,6 +650,8 @@ def _start(
             _wait_ready(recv, watch, diagnoser, ready_timeout)
         except BaseException:
             _kill(proc, watch)
+            if progress is not None:
+                progress.close()
             raise
         finally:
             recv.close()
@@ -590,6 +664,8 @@ def _start(
         actions=actions,
     )
     watchdog.watch(watch, on_clean_exit=on_clean_exit)
+    if progress is not None:
+        watchdog.watch_progress(progress)
     until_disarmed = on_clean_exit != "ignore"
     server = SamplerServer(
         proc,
@@ -604,6 +680,7 @@ def _start(
         started_at=started,
         ready_timeout=ready_timeout,
         diagnoser=diagnoser,
+        progress=progress,
     )
     if arm:
         try:
@@ -611,6 +688,8 @@ def _start(
         except BaseException:
             _kill(proc, watch)
             server._close_ready_conn()
+            if progress is not None:
+                progress.close()
             raise
     watched = f"watched by the {mode} watchdog" if arm else "not watched (arm=False)"
     if wait:

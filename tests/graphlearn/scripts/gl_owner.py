@@ -25,6 +25,15 @@ sampling scenarios, once the first sample came back), then plays its scenario:
   background-death   ``wait=False`` with a node file that does not exist (the server aborts
                while loading); ``--arm 0``: print how ``wait_ready`` raised; else sleep
   background-deadline   ``wait=False`` with ``--ready-timeout`` shorter than loading takes
+  stall        ``stall_timeout=--stall-timeout`` (T), clients in ``--workers`` DataLoader
+               workers, each call inside ``server_call()``. Slow: the server is SIGSTOPped
+               for 0.4 T then continued, over and over, for 3 T while batches are read;
+               idle: no batch read for 2 T, the server stopped all along; then a batch is
+               read with the server still stopped (print ``WAITING <monotonic>``): the rank
+               must be failed with the server's state and stacks
+  stall-stop   the same clients; the server stopped and a call in flight, this process is
+               sent SIGTERM (handled: a graceful stop), takes 2 T to stop, continues the
+               server and exits 0: nothing may fire
 """
 
 from __future__ import annotations
@@ -94,6 +103,84 @@ def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) 
     return {"ids": ids, "client_pids": sorted(pids)}
 
 
+def _stall(args: Any, gl: Any, graph: Any, cluster: dict[str, Any]) -> int:
+    import signal
+    import threading
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    workers, T = args.workers, args.stall_timeout
+    server = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode, stall_timeout=T)
+    assert server is not None
+
+    class NegativeSamples(Dataset[Any]):
+        def __init__(self) -> None:
+            self.sampler: Any = None
+
+        def __len__(self) -> int:
+            return 100_000
+
+        def __getitem__(self, i: int) -> Any:
+            if self.sampler is None:
+                gl.set_tracker_mode(0)
+                task = hkgl.client_task_index(num_client_per_rank=workers)
+                graph.init(task_index=task, job_name="client", cluster=cluster)
+                self.sampler = graph.negative_sampler(
+                    gl_harness.NODE_TYPE, EXPAND, strategy="node_weight"
+                )
+            with hkgl.server_call():  # the call the rank times
+                ids = self.sampler.get([i % 100]).ids.reshape(-1)
+            return torch.as_tensor(ids), torch.tensor(os.getpid())
+
+    loader = DataLoader(NegativeSamples(), batch_size=2, num_workers=workers)
+    batches = iter(loader)
+    pids = {int(p) for _ in range(2 * workers) for p in next(batches)[1].tolist()}
+    print("WORKERS " + " ".join(map(str, sorted(pids))), flush=True)
+    _ready(server)
+    if args.scenario == "stall-stop":
+        stops: list[int] = []
+        signal.signal(signal.SIGTERM, lambda sig, frame: stops.append(sig))
+        time.sleep(0.5)  # the prefetches complete; then no call is in flight
+        os.kill(server.pid, signal.SIGSTOP)
+        next(batches)  # a prefetched batch: its worker now calls the stopped server
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # a launcher's stop, handled gracefully
+        time.sleep(2 * T)  # the call stays unanswered past T while the stop is under way
+        os.kill(server.pid, signal.SIGCONT)
+        next(batches)
+        server.stop()
+        print("RESULT " + json.dumps({"stops": stops}), flush=True)
+        return 0
+    # Slow: answers held back 0.4 T at a time, for 3 T.
+    done = threading.Event()
+
+    def hold_back() -> None:
+        while not done.wait(0.05):
+            os.kill(server.pid, signal.SIGSTOP)
+            time.sleep(0.4 * T)
+            os.kill(server.pid, signal.SIGCONT)
+
+    slowing = threading.Thread(target=hold_back)
+    slowing.start()
+    read = 0
+    until = time.monotonic() + 3 * T
+    while time.monotonic() < until:
+        next(batches)
+        read += 1
+    done.set()
+    slowing.join()
+    time.sleep(0.5)  # the prefetches complete; then no call is in flight
+    os.kill(server.pid, signal.SIGSTOP)
+    print(f"IDLE {read} batches read while slowed", flush=True)
+    time.sleep(2 * T)  # idle: the stopped server is no stall while nobody calls it
+    print(f"WAITING {time.monotonic()}", flush=True)
+    next(batches)  # its worker's next call is never answered
+    time.sleep(60)
+    print("NOT FIRED", flush=True)
+    return 1
+
+
 def _background(args: Any, gl: Any, graph: Any, cluster: dict[str, Any]) -> int:
     started = time.monotonic()
     server = hkgl.launch_sampler_server(
@@ -152,6 +239,7 @@ def main() -> int:
     ap.add_argument("--ready-timeout", type=float, default=None)
     ap.add_argument("--hold", type=float, default=0.0)
     ap.add_argument("--arm", type=int, default=1)
+    ap.add_argument("--stall-timeout", type=float, default=1.0)
     args = ap.parse_args()
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -200,6 +288,9 @@ def main() -> int:
 
     if args.scenario.startswith("background"):
         return _background(args, gl, graph, cluster)
+
+    if args.scenario.startswith("stall"):
+        return _stall(args, gl, graph, cluster)
 
     server = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode)
     assert server is not None
