@@ -83,15 +83,21 @@ __all__ = [
     "acquire_witness",
     "current_episode",
     "episode",
+    "HANDLER_CONFIRM_S",
     "install",
+    "mask_not_stop",
     "may_be_taking_stop",
     "note_stop",
+    "note_stop_survived",
     "pending_stop",
     "release_witness",
     "start_without_signals",
     "subscribe",
+    "subscribe_survived",
+    "survived_marks",
     "take_signals_again",
     "unsubscribe",
+    "unsubscribe_survived",
     "witness_pid",
 ]
 
@@ -134,12 +140,17 @@ class StopEpisode:
 Signal = tuple[signal.Signals, float, Seen]
 
 
-def current_episode(history: Iterable[Signal], now: float, grace: float) -> StopEpisode | None:
+def current_episode(
+    history: Iterable[Signal], now: float, grace: float, survived: Iterable[float] = ()
+) -> StopEpisode | None:
     """The stop episode under way at ``now``, if any.
 
     An episode begins with a stop signal and lasts ``grace`` seconds; a stop signal inside it
     belongs to it (Ctrl-C pressed twice is one stop), a stop signal after it begins a new one.
-    Pure: the same history, time and grace always give the same episode.
+    ``survived``: the times the application said it carries on after a stop
+    (:func:`note_stop_survived`): each one ends the episode under way then, and the stop
+    signals up to it belong to that ended episode. Pure: the same arguments always give the
+    same episode.
     """
     if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
         raise InvalidArgumentTypeError(
@@ -149,14 +160,40 @@ def current_episode(history: Iterable[Signal], now: float, grace: float) -> Stop
     if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise InvalidArgumentTypeError(f"now must be a finite number, got {now!r}", "now")
     check_seconds(grace, "grace")
+    if isinstance(survived, (str, bytes)) or not isinstance(survived, Iterable):
+        raise InvalidArgumentTypeError(
+            f"survived must be an iterable of times (time.monotonic()), got {survived!r}",
+            "survived",
+        )
+    marks = sorted(survived)
+    for mark in marks:
+        if isinstance(mark, bool) or not isinstance(mark, (int, float)) or math.isnan(mark):
+            raise InvalidArgumentTypeError(
+                f"survived must hold times (time.monotonic()), got {mark!r}", "survived"
+            )
+
+    def end(began: Signal) -> float:
+        """When the episode that ``began`` opened is over: its grace, or the first time the
+        application said it survived it."""
+        over = began[1] + grace
+        for mark in marks:
+            if mark >= began[1]:
+                return min(over, mark)
+        return over
+
     began: Signal | None = None
     # History holds only signals that have arrived: one stamped after ``now`` arrived while
     # the caller was reading it (the read takes a moment), so it counts as arrived at ``now``.
     for sig, when, seen in sorted(history, key=lambda e: e[1]):
         entry = (sig, min(when, now), seen)
-        if began is None or entry[1] >= began[1] + grace:
+        if began is None:
             began = entry
-    if began is None or now >= began[1] + grace:
+            continue
+        over = end(began)
+        # A signal at the very moment of a "survived" still belongs to the stop it ended.
+        if entry[1] > over or (entry[1] == over and over == began[1] + grace):
+            began = entry
+    if began is None or now >= end(began):
         return None
     return StopEpisode(began[0], began[1], began[2])
 
@@ -170,6 +207,26 @@ def pending_stop(pid: int) -> signal.Signals | None:
         if sig in pending:
             return sig
     return None
+
+
+#: How long a stop signal may look handled (blocked beyond a thread's usual mask) with no
+#: other trace of any stop signal before it is taken for a mask instead. The kernel blocks
+#: the signal only while the C-level handler runs (CPython's writes one byte and returns;
+#: the Python handler runs later with the signal unblocked), microseconds, or a preemption
+#: on a loaded machine: a second of it with nothing delivered, pending or witnessed is a
+#: thread that blocked the stop signals itself (a critical section, a library), and no stop
+#: signal was generated at all.
+HANDLER_CONFIRM_S: Final = 1.0
+
+
+def mask_not_stop(handling_since: float, now: float, others: Iterable[Signal]) -> bool:
+    """Is a stop signal first seen "being handled" at ``handling_since`` a mask, not a
+    stop? True once it has lasted :data:`HANDLER_CONFIRM_S` while no other trace of a stop
+    signal (``others``: delivered, pending, noted, witnessed) came near it."""
+    if now - handling_since < HANDLER_CONFIRM_S:
+        return False
+    near = handling_since - HANDLER_CONFIRM_S
+    return not any(seen != "handling" and when >= near for _, when, seen in others)
 
 
 class HandlerWatch:
@@ -213,6 +270,15 @@ class HandlerWatch:
             if extra >> (sig - 1) & 1:
                 return sig
         return None
+
+    def accept(self) -> None:
+        """Take every thread's mask as it is now as its usual one: a stop signal it blocks
+        has stayed blocked too long for a handler (:func:`mask_not_stop`)."""
+        threads = read_threads(self.pid)
+        if threads is None:
+            return
+        with self._lock:
+            self._usual = {tid: mask for tid, (_, mask) in threads.items()}
 
     def running(self, *, besides: int | None = None) -> bool:
         """Is a thread of the process (other than thread id ``besides``) on a CPU or waiting
@@ -280,6 +346,10 @@ class _Listener:
         self.lock = threading.RLock()
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
         self.subscribers: list[Callable[[signal.Signals, float], None]] = []
+        # When the application said it carries on after a stop (note_stop_survived), and
+        # who hears of it (the sidecars).
+        self.survived: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self.survived_subscribers: list[Callable[[float], None]] = []
         self.handlers = HandlerWatch(self.pid)
         # When each stop signal pending now, or being handled now, was first seen: one
         # episode with one start however many looks see it (a signal left blocked would
@@ -637,12 +707,96 @@ def history() -> list[Signal]:
         return seen
     with listener.lock:
         began = listener.handling_since.setdefault(handled, now)
+        if mask_not_stop(began, now, seen):
+            # Blocked for good with no stop signal anywhere: a mask, learned as usual. A
+            # stop signal sent from now on stays pending, and is seen as such.
+            del listener.handling_since[handled]
+            listener.handlers.accept()
+            return seen
     return [*seen, (handled, began, "handling")]
 
 
-def episode(now: float, grace: float) -> StopEpisode | None:
-    """The stop episode of this process under way at ``now`` (see :func:`current_episode`)."""
-    return current_episode(history(), now, grace)
+def survived_marks() -> list[float]:
+    """When the application said it carries on after a stop (:func:`note_stop_survived`)."""
+    listener = _here()
+    if listener is None:
+        return []
+    with listener.lock:
+        return list(listener.survived)
+
+
+def episode(
+    now: float, grace: float, *, ignore: frozenset[signal.Signals] = frozenset()
+) -> StopEpisode | None:
+    """The stop episode of this process under way at ``now`` (see :func:`current_episode`).
+    ``ignore``: signals that do not stop this process (SIGINT in an interactive shell)."""
+    seen = [e for e in history() if e[0] not in ignore]
+    return current_episode(seen, now, grace, survived_marks())
+
+
+#: How long :func:`note_stop_survived` waits, at most, for a group stop signal still on its
+#: way to a witness (pending for it, or its handler running) to be recorded before the mark.
+_SETTLE_S = 0.2
+
+
+def _settle(pids: Iterable[int]) -> None:
+    """Wait (bounded) until none of ``pids`` has a stop signal pending or is running: a
+    group stop still on its way to a witness is then recorded, with its own time, before the
+    application's "survived" mark, so it cannot open a new stop after it."""
+    deadline = time.monotonic() + _SETTLE_S
+    pids = list(pids)
+    while time.monotonic() < deadline:
+        busy = False
+        for pid in pids:
+            stat = read_proc_stat(pid)
+            if pending_stop(pid) is not None or (stat is not None and stat.state == "R"):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.005)
+
+
+def note_stop_survived(*, witnesses: Iterable[int] = ()) -> float | None:
+    """Record that this process handled the stop signals it got so far and carries on.
+
+    The stop episode under way ends now: a death it deferred is reported at once, and a
+    later death is not deferred by it (a later stop signal opens a new episode). Returns the
+    time of the mark (``time.monotonic()``), or ``None`` if healthkit watches no stop
+    signals in this process. ``witnesses``: pids of other processes that record this
+    process's group stops (sidecars), given a moment to record one on its way first.
+    """
+    listener = _here()
+    if listener is None:
+        return None
+    witness = _this_witness()
+    _settle([*([witness.pid] if witness is not None else []), *witnesses])
+    history()  # every stop signal received so far is recorded, with its own time, first
+    with listener.lock:
+        now = time.monotonic()
+        listener.survived.append(now)
+        for fn in list(listener.survived_subscribers):
+            with contextlib.suppress(Exception):
+                fn(now)
+    return now
+
+
+def subscribe_survived(fn: Callable[[float], None]) -> None:
+    """Call ``fn(when)`` each time the application says it survived a stop."""
+    listener = _here()
+    if listener is None:
+        return
+    with listener.lock:
+        if fn not in listener.survived_subscribers:
+            listener.survived_subscribers.append(fn)
+
+
+def unsubscribe_survived(fn: Callable[[float], None]) -> None:
+    listener = _here()
+    if listener is None:
+        return
+    with listener.lock, contextlib.suppress(ValueError):
+        listener.survived_subscribers.remove(fn)
 
 
 def may_be_taking_stop() -> bool:

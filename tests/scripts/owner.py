@@ -40,6 +40,13 @@ def parent_of_a_stuck_grandchild(pid_out: Any) -> None:
     grandchild.wait()
 
 
+def exit_3_on_usr1() -> None:
+    """Exits 3 when told (SIGUSR1): its death then follows what the owner did, however long
+    arming took on a loaded machine."""
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(3))
+    time.sleep(60)
+
+
 def exit_3_in_own_group() -> None:
     os.setpgrp()  # a helper in another process group: a group signal cannot reach it
     exit_3()
@@ -70,8 +77,9 @@ TABLE = {
     "exit-within-stop-grace": (exit_3, "ignore", "handled-sigint-then-exit"),
     # A stop signal taken by a thread whose handler has not written its byte yet (on a loaded
     # machine the handler can be preempted for milliseconds): libc's sleep() as the C-level
-    # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile.
-    "handler-running-then-exit3": (exit_3, "ignore", "slow-c-handler"),
+    # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile:
+    # deferred at first, then, blocked past HANDLER_CONFIRM_S with no other trace, a mask.
+    "handler-running-then-exit3": (exit_3_on_usr1, "ignore", "slow-c-handler"),
     # ...and its twin: a thread that blocks the stop signals for good (as libzmq's I/O
     # threads do), started after arm(): no stop is under way, the death fires at once.
     "blocking-thread-then-exit3": (exit_3, "ignore", "blocking-thread"),
@@ -330,6 +338,7 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
         # Sent from another thread, the signal is taken by the main thread while it sleeps
         # below without the GIL, as torchrun's SIGINT would be.
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.3, os.kill, (helper.pid, signal.SIGUSR1)).start()  # the handler runs
         survive(args.stop_grace + 3.0)
         wd.disarm()
         return
