@@ -127,6 +127,9 @@ class Judge:
     #: one, or in an uninterruptible wait)? Then a stop may not show yet.
     may_be_taking_stop: Callable[[], bool] = lambda: False
     second_look: float | None = None  # None: :data:`SECOND_LOOK_S` as it is when used
+    #: When the process ended, on a clock that never waits for the owner's GIL (the
+    #: witness's), if known: a stop that the witness received after it cannot excuse it.
+    died_at: Callable[[Watched], float | None] = lambda r: None
     #: The stop episode the last decision saw (None: none, or not read).
     _seen: StopEpisode | None = attrs.field(default=None, init=False)
 
@@ -204,6 +207,13 @@ class Judge:
         # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is decided
         # without reading the owner's signal state.
         stop = self.episode(now) if status is not None and stop_like(status) else None
+        if stop is not None and stop.seen == "witnessed":
+            # The episode's start and the death on one clock, the witness's: a death it saw
+            # before the stop preceded it, however late this host looked (a GIL held for
+            # seconds). Other starts are stamped by a host that may itself have waited.
+            died = self.died_at(record)
+            if died is not None and died < stop.began:
+                stop = None
         self._seen = stop
         return decide(
             status,

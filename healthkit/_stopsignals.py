@@ -99,6 +99,8 @@ __all__ = [
     "unsubscribe",
     "unsubscribe_survived",
     "witness_pid",
+    "witness_watch",
+    "died_at",
 ]
 
 #: The signals that mean "stop" when a launcher, a terminal or a scheduler sends them.
@@ -438,10 +440,61 @@ for sig in signal.valid_signals() - keep:
     signal.signal(sig, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_SETMASK, ())
 os.write(out, b"ready\n")
+# The owner's helpers, by pidfd: each death is stamped on this process's clock, which never
+# waits for the owner's GIL. A stop signal that reached this process before it saw a death is
+# stamped no later than it: the kernel runs the C-level handler, which writes the signal's
+# byte to the wakeup pipe, on the way back from select(), before this code reads the pipe
+# (the Python handler may run a few bytecodes later: too late to order by).
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_r, False)
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+try:  # a pidfd per helper: thousands of them are fine
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+except (ImportError, ValueError, OSError):
+    pass
+poller = select.poll()
+poller.register(0, select.POLLIN)
+poller.register(wake_r, select.POLLIN)
+deaths, buf = {}, b""
 while os.getppid() == owner:
-    ready, _, _ = select.select([0], [], [], 1.0)
-    if ready and not os.read(0, 64):
+    ready = [fd for fd, _ in poller.poll(1000)]
+    died = time.monotonic()
+    woke = b""
+    try:
+        while True:
+            woke += os.read(wake_r, 4096)
+    except BlockingIOError:
+        pass
+    ended = [fd for fd in ready if fd in deaths]
+    if ended:
+        for num in sorted({b for b in woke if b in stops}):
+            os.write(out, b"%d %.6f\n" % (num, died))  # before the deaths, at the same time
+    for fd in ended:
+        os.write(out, b"D %d %d %.6f\n" % (*deaths.pop(fd), died))
+        poller.unregister(fd)
+        os.close(fd)
+    if 0 not in ready:
+        continue
+    chunk = os.read(0, 4096)
+    if not chunk:
         break
+    *lines, buf = (buf + chunk).split(b"\n")
+    for line in lines:
+        try:
+            pid, start = (int(x) for x in line.split())
+            fd = os.pidfd_open(pid)
+            with open("/proc/%d/stat" % pid) as f:
+                same = int(f.read().rpartition(")")[2].split()[19]) == start
+        except (ValueError, OSError):
+            continue
+        if same:
+            deaths[fd] = (pid, start)
+            poller.register(fd, select.POLLIN)
+        else:
+            os.close(fd)  # the pid was reused: not the helper
 """
 _WITNESS_START_S = 30.0  # interpreter start-up on a loaded 2-core machine
 
@@ -461,6 +514,10 @@ class Witness:
 
     A signal sent to this process alone does not reach the witness; the wakeup fd still
     records it when it can.
+
+    It also stamps the deaths of the helpers it is told of (:meth:`watch`, by pidfd), on the
+    same clock and in the same order as the signals: a death it saw before a stop signal it
+    recorded came before that stop (:func:`died_at`), whenever this process gets to read it.
     """
 
     def __init__(self) -> None:
@@ -481,6 +538,9 @@ class Witness:
         self.rfd = rfd
         self.buf = b""
         self.lines: list[tuple[signal.Signals, float]] = []
+        #: (pid, start time) -> when the witness saw it end (its own clock), for the helpers
+        #: it was told of
+        self.deaths: dict[tuple[int, int], float] = {}
         deadline = time.monotonic() + _WITNESS_START_S
         while b"ready\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -512,9 +572,23 @@ class Witness:
         out = []
         for line in lines:
             with contextlib.suppress(ValueError):
+                if line.startswith(b"D "):
+                    _, pid, start, at = line.split()
+                    self.deaths[int(pid), int(start)] = float(at)
+                    continue
                 num, at = line.split()
                 out.append((signal.Signals(int(num)), float(at)))
         return out
+
+    def watch(self, processes: Iterable[tuple[int, int]]) -> None:
+        """Stamp the deaths of ``processes`` (pid, start time in clock ticks: that process
+        only, never a later one with the same pid) on the witness's clock. One write."""
+        lines = b"".join(b"%d %d\n" % (pid, start) for pid, start in processes)
+        if self.proc.stdin is None or not lines:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(lines)
+            self.proc.stdin.flush()
 
     def pending(self) -> signal.Signals | None:
         """A stop signal queued for the witness that its handler has not taken yet."""
@@ -567,6 +641,26 @@ def release_witness() -> None:
             return
         witness, _witness = _witness, None
     witness.close()
+
+
+def witness_watch(processes: Iterable[tuple[int, int | None]]) -> None:
+    """Have this process's witness stamp the deaths of ``processes`` (pid, start time) (see
+    :func:`died_at`)."""
+    witness = _this_witness()
+    if witness is not None:
+        with _install_lock:
+            witness.watch((pid, start) for pid, start in processes if start is not None)
+
+
+def died_at(pid: int, start_time: int | None) -> float | None:
+    """When this process's witness saw ``pid`` (started at ``start_time``) end
+    (``time.monotonic()``), if it watched it and has said so. Read with the stop signals, so
+    the two are in the witness's order."""
+    witness = _this_witness()
+    if witness is None or start_time is None:
+        return None
+    history()
+    return witness.deaths.get((pid, start_time))
 
 
 def witness_pid() -> int | None:

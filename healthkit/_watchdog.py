@@ -309,6 +309,7 @@ class DisarmableWatchdog:
             fire=self._fire,
             armed=lambda: self._armed,
             may_be_taking_stop=_stopsignals.may_be_taking_stop,
+            died_at=self._died_at,
         )
         if isinstance(watches, (str, bytes)) or not isinstance(watches, Iterable):
             raise InvalidArgumentTypeError(
@@ -393,6 +394,12 @@ class DisarmableWatchdog:
         if watch_set is not None:
             watch_set.wake()
 
+    def _died_at(self, record: Watched) -> float | None:
+        """When the witness saw ``record``'s process end, on its own clock (thread mode)."""
+        if not self._witnessed:
+            return None
+        return _stopsignals.died_at(record.pid, record.start_time)
+
     def _episode(self, now: float) -> _stopsignals.StopEpisode | None:
         """This process's stop episode at ``now``; in an interactive shell an interrupt
         (SIGINT: a notebook's "Interrupt kernel", Ctrl-C in IPython) ends a cell, never the
@@ -428,6 +435,8 @@ class DisarmableWatchdog:
             if self._armed and not self._inert:
                 if self._sidecar is not None:
                     self._sidecar.watch(record)
+                if self._witnessed:
+                    _stopsignals.witness_watch([(record.pid, record.start_time)])
                 if self._set is not None:
                     self._set.add(watch)
             return watch
@@ -547,6 +556,10 @@ class DisarmableWatchdog:
                     # The watcher thread judges: a witness in this process's group records
                     # the group's stop signals where no library can take them away.
                     self._witnessed = _stopsignals.acquire_witness()
+                if self._witnessed:
+                    _stopsignals.witness_watch(
+                        (r.pid, r.start_time) for r in self._records.values() if r.watch is not None
+                    )
                 if self._job is not None and not self._interactive:
                     # Beside the rank: names the rank's own death (an OOM kill of the
                     # trainer itself) in its error file and tells the job. It imports

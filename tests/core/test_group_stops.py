@@ -27,6 +27,7 @@ from stop_matrix import (
     SURVIVED_GRACE,
     Cell,
     declared_cells,
+    late_observation_cells,
     mask_cells,
     owner_cells,
     run_cell,
@@ -119,3 +120,17 @@ def test_a_declared_survivor_is_told_at_once_and_a_mask_without_a_stop_defers_no
         assert r.fired == (r.runs if r.cell.expect_fire else 0), r.cell.name()
     assert {r.cell.mode for r in results if not r.cell.expect_fire} == set(MODES)
     assert all(r.late_s for r in results if r.cell.at_once)
+
+
+@pytest.mark.timeout(300)
+def test_a_death_seen_late_is_judged_at_the_moment_it_happened() -> None:
+    """The owner's main thread holds the GIL for 3 s in a C call; a helper exits 1 at 0.5 s
+    and the group gets SIGTERM at 1.5 s: the death came first, and fires (thread mode: the
+    witness stamps it on its own clock; the sidecar has its own). The twin: the group
+    SIGTERM alone, which the helpers die of, while the GIL is held: never fires."""
+    results = run_cells_together(late_observation_cells(), runs=max(1, RUNS - 1), parallel=24)
+    broken = {r.cell.name(): r.failures for r in results if not r.ok}
+    assert not broken, broken
+    for r in results:
+        assert r.fired == (r.runs if r.cell.expect_fire else 0), r.cell.name()
+    assert {r.cell.mode for r in results if r.cell.expect_fire} == set(MODES)

@@ -478,3 +478,37 @@ def test_a_thread_running_subprocesses_is_never_taken_for_a_stop_being_handled()
         go.set()
         stop.set()
         t.join(60)
+
+
+def test_the_witness_stamps_a_watched_helpers_death_on_its_own_clock() -> None:
+    """The witness (thread mode) holds a pidfd on each helper it is told of and stamps its
+    death, between the kill and the reaping here; a pid told with another start time (a
+    reused pid) is never stamped."""
+    code = """
+        import os, signal, subprocess, time
+        from healthkit import _stopsignals
+        from healthkit._proc import read_proc_stat
+        assert _stopsignals.install() and _stopsignals.acquire_witness()
+        a = subprocess.Popen(["sleep", "60"])
+        b = subprocess.Popen(["sleep", "60"])
+        start_a, start_b = read_proc_stat(a.pid).start_time, read_proc_stat(b.pid).start_time
+        _stopsignals.witness_watch([(a.pid, start_a), (b.pid, start_b + 1)])  # b: not that one
+        time.sleep(0.3)
+        before = time.monotonic()
+        a.kill(); b.kill()
+        a.wait(); b.wait()
+        after = time.monotonic()
+        deadline = time.monotonic() + 10
+        while _stopsignals.died_at(a.pid, start_a) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        died = _stopsignals.died_at(a.pid, start_a)
+        ok = died is not None and before <= died <= time.monotonic()
+        print(ok, died is not None and died <= after + 1)
+        time.sleep(0.3)
+        print(_stopsignals.died_at(b.pid, start_b + 1) or _stopsignals.died_at(b.pid, start_b))
+        _stopsignals.release_witness()
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["True", "True", "None"], (proc.stdout, proc.stderr)

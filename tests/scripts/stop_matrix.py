@@ -18,6 +18,9 @@ it to arm, stops it and reads how it ended. A cell says how:
   (``note_stop_survived()``) before a helper dies: must fire at once, the default 30 s grace
   notwithstanding; ``how="owner-declares-late"``: a helper dies while the stop is under way
   (deferred), then the owner says it carries on: must fire at once;
+- ``how="death-then-group"`` (``owner="gil-held"``): a helper exits 1, then the group gets
+  SIGTERM, both while the owner's main thread holds the GIL: the death came first and must
+  fire (the twin: the group stop alone, which the helpers die of, never fires);
 - ``how="helper-fails"``: no stop at all; a helper exits 1: must fire at once (the twin of
   ``owner="mask-after-arm"``'s group stops: a mask without a stop signal defers nothing).
 
@@ -26,14 +29,16 @@ Runs go in parallel batches: most of a run is waiting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,6 +73,7 @@ OWNERS = (
 DEATHS = ("exit1", "exit3", "sigterm", "sigkill")
 SURVIVED_GRACE = 2.0  # --stop-grace of the owners that survive their stop
 MASK_S = 6  # how long the mask-after-arm owner blocks SIGINT and SIGTERM
+GIL_HELD_S = 3  # how long the gil-held owner's main thread holds the GIL once ready
 #: Cells that must fire at once (no stop defers them; the owner runs on the default 30 s
 #: stop grace): seconds from the death, or the declaration, to the error file. A bound that
 #: proves "not deferred" (below the mask, far below the grace), not a speed.
@@ -98,7 +104,9 @@ class Cell:
         # An owner that ignores the stop carries on without the helpers the stop ended.
         return (
             self.stop == "helper-alone"
-            or self.how in ("owner-alone", "owner-declares", "owner-declares-late", "helper-fails")
+            or self.how
+            in ("owner-alone", "owner-declares", "owner-declares-late", "helper-fails",
+                "death-then-group")
             or self.owner == "sig-ign"
         )
 
@@ -149,6 +157,8 @@ class _Run:
             args += ["--helper-death", cell.death]
         if cell.owner == "mask-after-arm":
             args += ["--blocked", str(MASK_S)]
+        if cell.owner == "gil-held":
+            args += ["--blocked", str(GIL_HELD_S)]
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
@@ -163,6 +173,8 @@ class _Run:
         self.grace_ends: float | None = None
         self.ready_at = 0.0
         self.in_mask = True  # mask-after-arm: the death came while the mask was surely held
+        self.in_window = True  # gil-held: the death and the stop came while the GIL was held
+        self.timers: list[threading.Timer] = []
 
     def wait_ready(self, timeout: float = 120) -> None:
         found = self.out.until(r"^READY ", timeout)
@@ -186,12 +198,24 @@ class _Run:
             return
         sig = SIGNALS[cell.stop]
         if cell.how == "group":
+            if cell.owner == "gil-held":  # the stop must come while the owner's GIL is held
+                self.in_window = self._hold() < GIL_HELD_S - 1.0
             os.killpg(self.proc.pid, sig)  # the owner leads its own group
         elif cell.how == "owner-then-each":
             os.kill(self.proc.pid, sig)
             for pid in self.pids:
                 time.sleep(0.01)
                 os.kill(pid, signal.SIGTERM)
+        elif cell.how == "death-then-group":
+            # On timers from the hold, not in turn: the next run's stop must not wait for this.
+            late = self._hold()
+            self.in_window = late < 0.4
+            self.timers = [
+                threading.Timer(0.5 - late, _quietly(os.kill), (self.pids[0], self._death())),
+                threading.Timer(1.5 - late, _quietly(os.killpg), (self.proc.pid, sig)),
+            ]  # it exits 1 while the watcher cannot run; then the launcher stops the job
+            for timer in self.timers:
+                timer.start()
         elif cell.how == "helper-fails":
             self.in_mask = time.monotonic() - self.ready_at < MASK_S - 2.0
             self.grace_ends = time.time()
@@ -210,6 +234,14 @@ class _Run:
                 self.grace_ends = time.time()
                 os.kill(self.proc.pid, signal.SIGUSR2)
 
+    def _hold(self) -> float:
+        """gil-held: tell the owner to take the GIL; seconds since it did."""
+        os.kill(self.proc.pid, signal.SIGUSR2)
+        found = self.out.until(r"^HOLDING ", 30)
+        if found is None:
+            return float("inf")
+        return time.monotonic() - float(found.string.split()[1])
+
     def _death(self) -> signal.Signals:
         return {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}.get(
             self.cell.death, signal.SIGUSR1
@@ -218,6 +250,8 @@ class _Run:
     def finish(self, timeout: float) -> tuple[bool, str, float | None]:
         """(fired, description, seconds after the grace) once the owner has ended; strays are
         killed by pidfd."""
+        for timer in self.timers:
+            timer.join()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -248,6 +282,16 @@ class _Run:
         err.until(r"(?!)", 5)  # everything until EOF, or 5 s
         self.proc.stderr.close()
         return "\n".join(err.lines)
+
+
+def _quietly(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn``, for a timer: a process already gone is no error."""
+
+    def call(*args: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            fn(*args)
+
+    return call
 
 
 def _end(pids: Iterable[int]) -> list[int]:
@@ -283,6 +327,8 @@ def _record(res: CellResult, run: _Run) -> None:
         broke, desc = True, f"fired {-late:.2f}s before the owner said it survived: " + desc
     if res.cell.at_once and fired and (late is None or late > AT_ONCE_S):
         broke, desc = True, f"fired {late}s after the death (not at once): " + desc
+    if res.cell.owner == "gil-held" and not run.in_window:
+        broke, desc = True, "the stop came after the owner's GIL was free (no test of it): " + desc
     if res.cell.owner == "mask-after-arm" and not run.in_mask:
         broke, desc = True, "the helper died after the mask had ended (no test of it): " + desc
     told = Path(run.error_file).read_text() if os.path.exists(run.error_file) else ""
@@ -385,8 +431,19 @@ def mask_cells() -> list[Cell]:
     return cells
 
 
+def late_observation_cells() -> list[Cell]:
+    """A death seen late (the owner's GIL held for seconds) is judged at the moment it
+    happened: before a group stop, it fires; the group stop alone never does. Both modes."""
+    cells = []
+    for mode in MODES:
+        cells.append(Cell(mode, "fork", "term", 0.2, "gil-held", "death-then-group", "exit1"))
+        cells.append(Cell(mode, "fork", "term", 0.2, "gil-held"))
+    return cells
+
+
 def all_cells() -> list[Cell]:
-    return group_cells() + owner_cells() + survived_cells() + declared_cells() + mask_cells()
+    return (group_cells() + owner_cells() + survived_cells() + declared_cells() + mask_cells()
+            + late_observation_cells())  # fmt: skip
 
 
 def _print(res: CellResult) -> None:

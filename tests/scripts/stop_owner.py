@@ -40,6 +40,10 @@ reopen): it prints "HANDLED" and keeps running, and its helpers stay its respons
   stop listener waits for the GIL, and further signal bytes (the stop's too) are dropped;
 - ``sig-ign``: the stop signal is ignored (``SIG_IGN``): a group stop ends the helpers and the
   owner carries on, so their deaths must be reported (once the stop's grace is over);
+- ``gil-held``: once ready, on SIGUSR2, the main thread prints "HOLDING <monotonic time>" and
+  sits for ``--blocked`` seconds in a C call that holds the GIL (libc ``sleep`` through
+  ``ctypes.PyDLL``): the watcher thread sees a death only when it returns, after a stop that
+  came later than the death;
 - ``mask-after-arm``: once armed, the main thread blocks SIGINT and SIGTERM for ``--blocked``
   seconds (a critical section, a library that masks), then unblocks them; a stop sent
   meanwhile stays pending until then.
@@ -248,9 +252,16 @@ def main() -> None:
         return
 
     armed = arm()
+    if args.owner == "gil-held":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})  # taken by sigwait below
     if args.owner == "mask-after-arm":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     ready(armed)
+    if args.owner == "gil-held":
+        signal.sigwait({signal.SIGUSR2})
+        print("HOLDING", time.monotonic(), flush=True)
+        ctypes.PyDLL(None).sleep(args.blocked)  # the GIL held throughout
+        args.owner = "plain"
     if args.owner == "mask-after-arm":
         try:
             time.sleep(args.blocked)  # the critical section
