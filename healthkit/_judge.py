@@ -30,9 +30,10 @@ __all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
 #: owner may be taking a signal (see :meth:`Judge.judge`), and how often.
 SECOND_LOOK_S = 0.05
 _SECOND_LOOK_POLL_S = 0.005
-# How a deferral on a stop signal seen only as "being handled" begins: looked at again once
-# that is confirmed or taken for a mask (HANDLER_CONFIRM_S).
+# Added to a deferral's reason when the owner said it carries on (note_stop_survived).
 _DECLARED = "; this process then said it survived the stop"
+# Ends a deferral's reason when its stop signal was seen only as "being handled": looked at
+# again once that is confirmed or taken for a mask (HANDLER_CONFIRM_S).
 _ON_HANDLING = (
     f"; looked at again within {HANDLER_CONFIRM_S:g}s: so far the stop signal is only blocked "
     "in a thread, which a mask does too"
