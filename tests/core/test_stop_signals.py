@@ -512,3 +512,19 @@ def test_the_witness_stamps_a_watched_helpers_death_on_its_own_clock() -> None:
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
     )
     assert proc.stdout.split() == ["True", "True", "None"], (proc.stdout, proc.stderr)
+
+
+def test_note_stop_survived_without_a_watchdog_does_nothing() -> None:
+    """Documented as a no-op when no watchdog was ever armed: no listener, no witness, no
+    error, nothing installed (a later arm() starts from a clean history)."""
+    code = """
+        import healthkit
+        from healthkit import _stopsignals
+        healthkit.lowlevel.note_stop_survived()
+        healthkit.DisarmableWatchdog.note_stop_survived()
+        print(_stopsignals._listener is None, _stopsignals.survived_marks())
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["True", "[]"], (proc.stdout, proc.stderr)
