@@ -31,6 +31,7 @@ from healthkit._stopsignals import STOP_SIGNALS, StopEpisode
 from healthkit._watch import ExitStatus
 
 __all__ = [
+    "DEFAULT_STOP_GRACE_S",
     "Decision",
     "OnCleanExit",
     "Verdict",
@@ -39,6 +40,16 @@ __all__ = [
     "decide_stall",
     "stop_like",
 ]
+
+#: How long after a stop signal a death it excused waits before it is reported anyway, if
+#: this process is still running and has not said it carries on (``note_stop_survived``).
+#: torchrun (``PContext.close(timeout=30)``), Kubernetes (``terminationGracePeriodSeconds``)
+#: and SLURM (``KillWait``) give a stopped process 30 s before SIGKILL; torchrun's SIGKILL
+#: was measured 30.003-30.020 s after its worker took the SIGTERM (docs/watchdog.md), so a
+#: grace of exactly 30 s would race it. 5 s more lets the launcher's SIGKILL come first on a
+#: loaded machine: a shutdown of up to 30 s never fires; an owner still running at 35 s was
+#: not being stopped by any of them.
+DEFAULT_STOP_GRACE_S = 35.0
 
 #: What an exit 0 while armed means for one watched process: "fail" (it was meant to run
 #: until disarmed: returning early leaves its clients waiting), "warn" (log it, do not act)
@@ -112,7 +123,7 @@ def decide(
     on_clean_exit: OnCleanExit = "fail",
     stopped_by_healthkit: bool = False,
     stop: StopEpisode | None = None,
-    stop_grace: float = 30.0,
+    stop_grace: float = DEFAULT_STOP_GRACE_S,
     now: float = 0.0,
     same_group: bool = True,
     owner_exiting: bool = False,
@@ -194,7 +205,7 @@ def decide_stall(
     stall_timeout: float,
     armed: bool,
     stop: StopEpisode | None = None,
-    stop_grace: float = 30.0,
+    stop_grace: float = DEFAULT_STOP_GRACE_S,
     now: float = 0.0,
     owner_exiting: bool = False,
 ) -> Decision:

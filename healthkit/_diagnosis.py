@@ -786,6 +786,15 @@ def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
             f"its peak RSS {format_bytes(exc.peak_rss_bytes)} when it raised (VmHWM, "
             "exception record)",
         )
+    if exc.type == "KeyboardInterrupt" and not exc.context:
+        if diagnosis.cause in (Cause.ERROR_EXIT, Cause.UNKNOWN) and diagnosis.signal is None:
+            return attrs.evolve(
+                diagnosis,
+                exception=exc,
+                likely=f"it was interrupted: KeyboardInterrupt{where}. {INTERRUPT_LIKELY}",
+                evidence=(record, *diagnosis.evidence),
+                hint=INTERRUPT_HINT,
+            )
     if exc.exit_call is not None:
         hint = (
             "Fix what it reported when it called sys.exit (its message, also in that "
@@ -824,6 +833,41 @@ def _with_exception(diagnosis: Diagnosis, exc: HelperException) -> Diagnosis:
             *extra,
         ),
     )
+
+
+#: Why a helper gets its owner's interrupt, and what to do about it.
+INTERRUPT_LIKELY = (
+    "A SIGINT reached it: Ctrl-C in a terminal and a notebook's \"Interrupt kernel\" signal "
+    "the whole process group, helpers included"
+)
+INTERRUPT_HINT = (
+    "To keep a helper running when its owner is interrupted, ignore SIGINT in it "
+    "(signal.signal(signal.SIGINT, signal.SIG_IGN) first thing in its target) or start it "
+    "in a session of its own"
+)
+
+
+def interrupted_wording(diagnosis: Diagnosis, ago: float) -> Diagnosis:
+    """A death seen ``ago`` seconds after an interrupt (SIGINT) reached the owner's process
+    group, in an interactive shell (which an interrupt never stops): it may be its share of
+    that interrupt. An exit code 1 with no record may be either, and says so; a record
+    (:func:`healthkit.record_exception`) tells which."""
+    seen = f"a SIGINT reached this process group {max(0.0, ago):.2f}s before it ended"
+    if (
+        diagnosis.cause is Cause.ERROR_EXIT
+        and diagnosis.exception is None
+        and diagnosis.exit_code == 1
+    ):
+        return attrs.evolve(
+            diagnosis,
+            likely=f"{diagnosis.likely}; and {seen}: a KeyboardInterrupt ends a Python helper "
+            "with code 1 too (Ctrl-C in a terminal and a notebook's \"Interrupt kernel\" "
+            "signal the whole process group, helpers included)",
+            hint=f"If it was the interrupt: {INTERRUPT_HINT[0].lower()}{INTERRUPT_HINT[1:]}. "
+            "Otherwise read that process's stderr for its error, or wrap its entry point in "
+            "healthkit.record_exception to have it named here",
+        )
+    return attrs.evolve(diagnosis, evidence=(*diagnosis.evidence, seen))
 
 
 def with_exception_record(

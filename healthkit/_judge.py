@@ -12,6 +12,7 @@ stop episode ends.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -20,7 +21,7 @@ import attrs
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
 from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early, with_exception_record
 from healthkit._proc import read_proc_stat
-from healthkit._stopsignals import StopEpisode
+from healthkit._stopsignals import HANDLER_CONFIRM_S, StopEpisode
 from healthkit._watch import ExitStatus, ProcessWatch
 
 __all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
@@ -29,6 +30,14 @@ __all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
 #: owner may be taking a signal (see :meth:`Judge.judge`), and how often.
 SECOND_LOOK_S = 0.05
 _SECOND_LOOK_POLL_S = 0.005
+# Added to a deferral's reason when the owner said it carries on (note_stop_survived).
+_DECLARED = "; this process then said it survived the stop"
+# Ends a deferral's reason when its stop signal was seen only as "being handled": looked at
+# again once that is confirmed or taken for a mask (HANDLER_CONFIRM_S).
+_ON_HANDLING = (
+    f"; looked at again within {HANDLER_CONFIRM_S:g}s: so far the stop signal is only blocked "
+    "in a thread, which a mask does too"
+)
 
 
 @attrs.define(eq=False)
@@ -76,11 +85,16 @@ def early_exit_wording(
 
 def survived_stop_wording(diagnosis: Diagnosis, excused: Decision) -> Diagnosis:
     """A death first excused by a stop that this process then survived."""
+    survived = (
+        "this process then said it carries on (note_stop_survived)"
+        if _DECLARED in excused.reason
+        else "this process is still running after the stop's grace"
+    )
     return attrs.evolve(
         diagnosis,
         likely=(diagnosis.likely + "; " if diagnosis.likely else "")
-        + "it ended while this process was being stopped, and this process is still running"
-        " after the stop's grace: it now depends on a dead helper",
+        + f"it ended while this process was being stopped, and {survived}: it now depends "
+        "on a dead helper",
         evidence=(*diagnosis.evidence, f"first excused: {excused.reason.partition(';')[0]}"),
     )
 
@@ -114,6 +128,11 @@ class Judge:
     #: one, or in an uninterruptible wait)? Then a stop may not show yet.
     may_be_taking_stop: Callable[[], bool] = lambda: False
     second_look: float | None = None  # None: :data:`SECOND_LOOK_S` as it is when used
+    #: When the process ended, on a clock that never waits for the owner's GIL (the
+    #: witness's), if known: a stop that the witness received after it cannot excuse it.
+    died_at: Callable[[Watched], float | None] = lambda r: None
+    #: The stop episode the last decision saw (None: none, or not read).
+    _seen: StopEpisode | None = attrs.field(default=None, init=False)
 
     def judge(
         self,
@@ -145,6 +164,22 @@ class Judge:
         assert status is not None
         record.status = status
         excused, record.deferred = record.deferred, None
+        if excused is not None and excused.until is not None and self._seen is None and (
+            _ON_HANDLING in excused.reason
+        ):
+            excused = None  # what looked like a handler was a mask: no stop ever was
+        if decision.verdict is Verdict.DEFER and self._seen is not None:
+            if self._seen.seen == "handling":
+                # Only a stop signal blocked beyond a thread's usual mask: confirmed (it is
+                # then delivered, witnessed or pending) or taken for a mask within a moment.
+                decision = attrs.evolve(
+                    decision,
+                    reason=decision.reason.partition("; reported")[0] + _ON_HANDLING,
+                    until=min(
+                        decision.until if decision.until is not None else math.inf,
+                        self._seen.began + HANDLER_CONFIRM_S + _SECOND_LOOK_POLL_S,
+                    ),
+                )
         if decision.verdict is Verdict.DEFER:
             if excused is None:  # said once, when first seen; the deadline may move later
                 brief = self.describe(record, status)
@@ -170,14 +205,23 @@ class Judge:
         owner_exiting: bool,
         owner_gone: bool,
     ) -> Decision:
+        # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is decided
+        # without reading the owner's signal state.
+        stop = self.episode(now) if status is not None and stop_like(status) else None
+        if stop is not None and stop.seen == "witnessed":
+            # The episode's start and the death on one clock, the witness's: a death it saw
+            # before the stop preceded it, however late this host looked (a GIL held for
+            # seconds). Other starts are stamped by a host that may itself have waited.
+            died = self.died_at(record)
+            if died is not None and died < stop.began:
+                stop = None
+        self._seen = stop
         return decide(
             status,
             armed=self.armed(),
             on_clean_exit=record.on_clean_exit,
             stopped_by_healthkit=self.stopped_by_healthkit(record),
-            # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is
-            # decided without reading the owner's signal state.
-            stop=self.episode(now) if status is not None and stop_like(status) else None,
+            stop=stop,
             stop_grace=self.stop_grace,
             now=now,
             same_group=record.pgrp is None or record.pgrp == self.owner_pgrp,
@@ -222,6 +266,15 @@ class Judge:
             d = record.deferred
             if d is not None and not record.settled and d.until is not None and d.until <= now:
                 self.judge(record, record.status, now=now, owner_gone=owner_gone)
+
+    @staticmethod
+    def resume(records: list[Watched], at: float) -> None:
+        """The owner said at ``at`` that it carries on after its stop: every death a stop
+        deferred is decided again at once (by :meth:`expire`, which the host calls next)."""
+        for record in records:
+            d = record.deferred
+            if d is not None and not record.settled and d.until is not None and d.until > at:
+                record.deferred = attrs.evolve(d, until=at, reason=d.reason + _DECLARED)
 
     @staticmethod
     def next_due(records: list[Watched]) -> float | None:

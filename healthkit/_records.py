@@ -32,8 +32,9 @@ exception that ends one of the process's other threads or an ``atexit`` callback
 the exit code as it was: a helper whose loader thread died "returned early" with no cause).
 The entry point's own ending replaces a record of either; of those, the first one is kept
 (the first exception is the cause; later ones are most often its consequences).
-``sys.exit(0)``, ``sys.exit()`` and ``KeyboardInterrupt`` are not recorded: a clean ending
-and a stop are not failures to explain.
+``sys.exit(0)`` and ``sys.exit()`` are not recorded: a clean ending is not a failure to
+explain. A ``KeyboardInterrupt`` out of the entry point is (its exit code 1 reads like any
+error without it), and a diagnosis names it as an interrupt, not an error.
 
 Size: a record is at most 64 KiB; a longer traceback keeps its first and last parts (the
 innermost frames, where the error was raised, are at the end).
@@ -315,11 +316,14 @@ def read_record(pid: int, start_time: int, directory: str | None = None, *,
 
 # ---------------------------------------------------------------------------- the wrapper
 def _worth_recording(exc: BaseException | None) -> bool:
-    """An exception, or a ``sys.exit`` that fails (a non-zero code or a message). A clean
-    ``sys.exit()`` and ``KeyboardInterrupt`` are a stop, which is not a failure to explain."""
+    """An exception, a ``sys.exit`` that fails (a non-zero code or a message), or a
+    ``KeyboardInterrupt``. A clean ``sys.exit()`` is not a failure to explain. An interrupt
+    is a stop, but its exit code 1 reads like any error without the record: reported when
+    the owner was not stopped with it (an interactive kernel's interrupt reaches its
+    helpers too; an owner that survived the stop), it is named as an interrupt."""
     if isinstance(exc, SystemExit):
         return exc.code is not None and exc.code is not False and exc.code != 0
-    return isinstance(exc, Exception)
+    return isinstance(exc, (Exception, KeyboardInterrupt))
 
 
 _hooks_installed = False
@@ -461,7 +465,8 @@ def record_exception(
     :mod:`healthkit._records`) and then propagates unchanged: the process still prints its
     traceback and exits with the same code. From then on an exception that ends another of
     its threads or an ``atexit`` callback is recorded too (unless a record was written
-    already). ``sys.exit(0)`` and ``KeyboardInterrupt`` are not recorded.
+    already). ``sys.exit(0)`` is not recorded; a ``KeyboardInterrupt`` is, and is named as
+    an interrupt.
 
     ``stacks=True`` also opts the helper in to on-demand stack dumps while the entry point
     runs (``healthkit stacks PID``; :func:`healthkit.dump_helper_stacks`), unless SIGUSR2

@@ -323,10 +323,13 @@ class SidecarLink:
         # From here on every stop signal and every healthkit.stop() target is announced
         # before it can matter; the ones before are sent once, now.
         _stopsignals.subscribe(self._stop_signal)
+        _stopsignals.subscribe_survived(self._survived)
         add_stopping_listener(self._stopping)
         for sig, at, seen in _stopsignals.history():
             if seen != "pending":
                 self._stop_signal(sig, at)
+        for at in _stopsignals.survived_marks():
+            self._survived(at)
 
     @property
     def pid(self) -> int:
@@ -387,6 +390,9 @@ class SidecarLink:
 
     def _stop_signal(self, sig: signal.Signals, at: float) -> None:
         self._send_quietly(op="stop", signal=int(sig), at=at)
+
+    def _survived(self, at: float) -> None:
+        self._send_quietly(op="survived", at=at)
 
     def _stopping(self, pid: int, start_time: int | None) -> None:
         self._send_quietly(op="stopped", pid=pid, start_time=start_time)
@@ -477,6 +483,7 @@ class SidecarLink:
     def close(self) -> None:
         """Release the socket (the sidecar, if alive, exits on end-of-file) and reap it."""
         _stopsignals.unsubscribe(self._stop_signal)
+        _stopsignals.unsubscribe_survived(self._survived)
         remove_stopping_listener(self._stopping)
         if self._closed:
             return
@@ -592,6 +599,7 @@ class _Sidecar:
         self.by_watch: dict[int, Watched] = {}  # id(watch) -> record
         self.seen: list[Watched] = []  # deaths seen, not yet judged
         self.stop_history: list[Signal] = []  # the owner's stop signals, as it reported them
+        self.survived: list[float] = []  # when the owner said it carries on after a stop
         self.unread_since: float | None = None  # first peek of a stop byte the owner left unread
         self.pending_since: dict[signal.Signals, float] = {}  # first seen pending for the owner
         self.handling_since: dict[signal.Signals, float] = {}  # first seen being handled
@@ -680,6 +688,14 @@ class _Sidecar:
             self.owner_exiting = True  # its exit code is still ours to tell
         elif op == "stop":
             self.stop_history.append((signal.Signals(msg["signal"]), float(msg["at"]), "delivered"))
+        elif op == "survived":
+            at = float(msg["at"])
+            self.survived.append(at)
+            if self.judge is not None:  # what that stop deferred is decided again now
+                self.judge.resume(list(self.records.values()), at)
+            for tracker in self.trackers:
+                if tracker.due is not None:
+                    tracker.due = min(tracker.due, at)
         elif op == "stopped":
             self.stopped.add((msg["pid"], msg["start_time"]))
         elif op == "status":
@@ -789,8 +805,6 @@ class _Sidecar:
                 del since[gone]
         if pending is not None:
             history.append((pending, self.pending_since.setdefault(pending, now), "pending"))
-        if handled is not None:
-            history.append((handled, self.handling_since.setdefault(handled, now), "handling"))
         if self.peek is not None:
             try:
                 unread = self.peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -810,7 +824,16 @@ class _Sidecar:
         # Taken off the sidecar's own pending set when it returned from the wait that saw the
         # death; its handler has run since (at the first bytecode boundary).
         history.extend((sig, at, "witnessed") for sig, at in _group_stops)
-        return current_episode(history, now, float(self.config["stop_grace"]))
+        if handled is not None:
+            began = self.handling_since.setdefault(handled, now)
+            if _stopsignals.mask_not_stop(began, now, history):
+                # Blocked for good with no stop signal anywhere: a mask, not a stop.
+                del self.handling_since[handled]
+                if self.handlers is not None:
+                    self.handlers.accept()
+            else:
+                history.append((handled, began, "handling"))
+        return current_episode(history, now, float(self.config["stop_grace"]), self.survived)
 
     def owner_gone(self) -> bool:
         """Whether the owner is dead or dying: its pidfd is readable only once all its

@@ -83,16 +83,24 @@ __all__ = [
     "acquire_witness",
     "current_episode",
     "episode",
+    "HANDLER_CONFIRM_S",
     "install",
+    "mask_not_stop",
     "may_be_taking_stop",
     "note_stop",
+    "note_stop_survived",
     "pending_stop",
     "release_witness",
     "start_without_signals",
     "subscribe",
+    "subscribe_survived",
+    "survived_marks",
     "take_signals_again",
     "unsubscribe",
+    "unsubscribe_survived",
     "witness_pid",
+    "witness_watch",
+    "died_at",
 ]
 
 #: The signals that mean "stop" when a launcher, a terminal or a scheduler sends them.
@@ -134,12 +142,17 @@ class StopEpisode:
 Signal = tuple[signal.Signals, float, Seen]
 
 
-def current_episode(history: Iterable[Signal], now: float, grace: float) -> StopEpisode | None:
+def current_episode(
+    history: Iterable[Signal], now: float, grace: float, survived: Iterable[float] = ()
+) -> StopEpisode | None:
     """The stop episode under way at ``now``, if any.
 
     An episode begins with a stop signal and lasts ``grace`` seconds; a stop signal inside it
     belongs to it (Ctrl-C pressed twice is one stop), a stop signal after it begins a new one.
-    Pure: the same history, time and grace always give the same episode.
+    ``survived``: the times the application said it carries on after a stop
+    (:func:`note_stop_survived`): each one ends the episode under way then, and the stop
+    signals up to it belong to that ended episode. Pure: the same arguments always give the
+    same episode.
     """
     if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
         raise InvalidArgumentTypeError(
@@ -149,14 +162,40 @@ def current_episode(history: Iterable[Signal], now: float, grace: float) -> Stop
     if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise InvalidArgumentTypeError(f"now must be a finite number, got {now!r}", "now")
     check_seconds(grace, "grace")
+    if isinstance(survived, (str, bytes)) or not isinstance(survived, Iterable):
+        raise InvalidArgumentTypeError(
+            f"survived must be an iterable of times (time.monotonic()), got {survived!r}",
+            "survived",
+        )
+    marks = sorted(survived)
+    for mark in marks:
+        if isinstance(mark, bool) or not isinstance(mark, (int, float)) or math.isnan(mark):
+            raise InvalidArgumentTypeError(
+                f"survived must hold times (time.monotonic()), got {mark!r}", "survived"
+            )
+
+    def end(began: Signal) -> float:
+        """When the episode that ``began`` opened is over: its grace, or the first time the
+        application said it survived it."""
+        over = began[1] + grace
+        for mark in marks:
+            if mark >= began[1]:
+                return min(over, mark)
+        return over
+
     began: Signal | None = None
     # History holds only signals that have arrived: one stamped after ``now`` arrived while
     # the caller was reading it (the read takes a moment), so it counts as arrived at ``now``.
     for sig, when, seen in sorted(history, key=lambda e: e[1]):
         entry = (sig, min(when, now), seen)
-        if began is None or entry[1] >= began[1] + grace:
+        if began is None:
             began = entry
-    if began is None or now >= began[1] + grace:
+            continue
+        over = end(began)
+        # A signal at the very moment of a "survived" still belongs to the stop it ended.
+        if entry[1] > over or (entry[1] == over and over == began[1] + grace):
+            began = entry
+    if began is None or now >= end(began):
         return None
     return StopEpisode(began[0], began[1], began[2])
 
@@ -170,6 +209,26 @@ def pending_stop(pid: int) -> signal.Signals | None:
         if sig in pending:
             return sig
     return None
+
+
+#: How long a stop signal may look handled (blocked beyond a thread's usual mask) with no
+#: other trace of any stop signal before it is taken for a mask instead. The kernel blocks
+#: the signal only while the C-level handler runs (CPython's writes one byte and returns;
+#: the Python handler runs later with the signal unblocked), microseconds, or a preemption
+#: on a loaded machine: a second of it with nothing delivered, pending or witnessed is a
+#: thread that blocked the stop signals itself (a critical section, a library), and no stop
+#: signal was generated at all.
+HANDLER_CONFIRM_S: Final = 1.0
+
+
+def mask_not_stop(handling_since: float, now: float, others: Iterable[Signal]) -> bool:
+    """Is a stop signal first seen "being handled" at ``handling_since`` a mask, not a
+    stop? True once it has lasted :data:`HANDLER_CONFIRM_S` while no other trace of a stop
+    signal (``others``: delivered, pending, noted, witnessed) came near it."""
+    if now - handling_since < HANDLER_CONFIRM_S:
+        return False
+    near = handling_since - HANDLER_CONFIRM_S
+    return not any(seen != "handling" and when >= near for _, when, seen in others)
 
 
 class HandlerWatch:
@@ -213,6 +272,15 @@ class HandlerWatch:
             if extra >> (sig - 1) & 1:
                 return sig
         return None
+
+    def accept(self) -> None:
+        """Take every thread's mask as it is now as its usual one: a stop signal it blocks
+        has stayed blocked too long for a handler (:func:`mask_not_stop`)."""
+        threads = read_threads(self.pid)
+        if threads is None:
+            return
+        with self._lock:
+            self._usual = {tid: mask for tid, (_, mask) in threads.items()}
 
     def running(self, *, besides: int | None = None) -> bool:
         """Is a thread of the process (other than thread id ``besides``) on a CPU or waiting
@@ -280,6 +348,10 @@ class _Listener:
         self.lock = threading.RLock()
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
         self.subscribers: list[Callable[[signal.Signals, float], None]] = []
+        # When the application said it carries on after a stop (note_stop_survived), and
+        # who hears of it (the sidecars).
+        self.survived: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self.survived_subscribers: list[Callable[[float], None]] = []
         self.handlers = HandlerWatch(self.pid)
         # When each stop signal pending now, or being handled now, was first seen: one
         # episode with one start however many looks see it (a signal left blocked would
@@ -368,10 +440,61 @@ for sig in signal.valid_signals() - keep:
     signal.signal(sig, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_SETMASK, ())
 os.write(out, b"ready\n")
+# The owner's helpers, by pidfd: each death is stamped on this process's clock, which never
+# waits for the owner's GIL. A stop signal that reached this process before it saw a death is
+# stamped no later than it: the kernel runs the C-level handler, which writes the signal's
+# byte to the wakeup pipe, on the way back from select(), before this code reads the pipe
+# (the Python handler may run a few bytecodes later: too late to order by).
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_r, False)
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+try:  # a pidfd per helper: thousands of them are fine
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+except (ImportError, ValueError, OSError):
+    pass
+poller = select.poll()
+poller.register(0, select.POLLIN)
+poller.register(wake_r, select.POLLIN)
+deaths, buf = {}, b""
 while os.getppid() == owner:
-    ready, _, _ = select.select([0], [], [], 1.0)
-    if ready and not os.read(0, 64):
+    ready = [fd for fd, _ in poller.poll(1000)]
+    died = time.monotonic()
+    woke = b""
+    try:
+        while True:
+            woke += os.read(wake_r, 4096)
+    except BlockingIOError:
+        pass
+    ended = [fd for fd in ready if fd in deaths]
+    if ended:
+        for num in sorted({b for b in woke if b in stops}):
+            os.write(out, b"%d %.6f\n" % (num, died))  # before the deaths, at the same time
+    for fd in ended:
+        os.write(out, b"D %d %d %.6f\n" % (*deaths.pop(fd), died))
+        poller.unregister(fd)
+        os.close(fd)
+    if 0 not in ready:
+        continue
+    chunk = os.read(0, 4096)
+    if not chunk:
         break
+    *lines, buf = (buf + chunk).split(b"\n")
+    for line in lines:
+        try:
+            pid, start = (int(x) for x in line.split())
+            fd = os.pidfd_open(pid)
+            with open("/proc/%d/stat" % pid) as f:
+                same = int(f.read().rpartition(")")[2].split()[19]) == start
+        except (ValueError, OSError):
+            continue
+        if same:
+            deaths[fd] = (pid, start)
+            poller.register(fd, select.POLLIN)
+        else:
+            os.close(fd)  # the pid was reused: not the helper
 """
 _WITNESS_START_S = 30.0  # interpreter start-up on a loaded 2-core machine
 
@@ -391,6 +514,10 @@ class Witness:
 
     A signal sent to this process alone does not reach the witness; the wakeup fd still
     records it when it can.
+
+    It also stamps the deaths of the helpers it is told of (:meth:`watch`, by pidfd), on the
+    same clock and in the same order as the signals: a death it saw before a stop signal it
+    recorded came before that stop (:func:`died_at`), whenever this process gets to read it.
     """
 
     def __init__(self) -> None:
@@ -411,6 +538,9 @@ class Witness:
         self.rfd = rfd
         self.buf = b""
         self.lines: list[tuple[signal.Signals, float]] = []
+        #: (pid, start time) -> when the witness saw it end (its own clock), for the helpers
+        #: it was told of
+        self.deaths: dict[tuple[int, int], float] = {}
         deadline = time.monotonic() + _WITNESS_START_S
         while b"ready\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -442,9 +572,23 @@ class Witness:
         out = []
         for line in lines:
             with contextlib.suppress(ValueError):
+                if line.startswith(b"D "):
+                    _, pid, start, at = line.split()
+                    self.deaths[int(pid), int(start)] = float(at)
+                    continue
                 num, at = line.split()
                 out.append((signal.Signals(int(num)), float(at)))
         return out
+
+    def watch(self, processes: Iterable[tuple[int, int]]) -> None:
+        """Stamp the deaths of ``processes`` (pid, start time in clock ticks: that process
+        only, never a later one with the same pid) on the witness's clock. One write."""
+        lines = b"".join(b"%d %d\n" % (pid, start) for pid, start in processes)
+        if self.proc.stdin is None or not lines:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(lines)
+            self.proc.stdin.flush()
 
     def pending(self) -> signal.Signals | None:
         """A stop signal queued for the witness that its handler has not taken yet."""
@@ -497,6 +641,26 @@ def release_witness() -> None:
             return
         witness, _witness = _witness, None
     witness.close()
+
+
+def witness_watch(processes: Iterable[tuple[int, int | None]]) -> None:
+    """Have this process's witness stamp the deaths of ``processes`` (pid, start time) (see
+    :func:`died_at`)."""
+    witness = _this_witness()
+    if witness is not None:
+        with _install_lock:
+            witness.watch((pid, start) for pid, start in processes if start is not None)
+
+
+def died_at(pid: int, start_time: int | None) -> float | None:
+    """When this process's witness saw ``pid`` (started at ``start_time``) end
+    (``time.monotonic()``), if it watched it and has said so. Read with the stop signals, so
+    the two are in the witness's order."""
+    witness = _this_witness()
+    if witness is None or start_time is None:
+        return None
+    history()
+    return witness.deaths.get((pid, start_time))
 
 
 def witness_pid() -> int | None:
@@ -637,12 +801,96 @@ def history() -> list[Signal]:
         return seen
     with listener.lock:
         began = listener.handling_since.setdefault(handled, now)
+        if mask_not_stop(began, now, seen):
+            # Blocked for good with no stop signal anywhere: a mask, learned as usual. A
+            # stop signal sent from now on stays pending, and is seen as such.
+            del listener.handling_since[handled]
+            listener.handlers.accept()
+            return seen
     return [*seen, (handled, began, "handling")]
 
 
-def episode(now: float, grace: float) -> StopEpisode | None:
-    """The stop episode of this process under way at ``now`` (see :func:`current_episode`)."""
-    return current_episode(history(), now, grace)
+def survived_marks() -> list[float]:
+    """When the application said it carries on after a stop (:func:`note_stop_survived`)."""
+    listener = _here()
+    if listener is None:
+        return []
+    with listener.lock:
+        return list(listener.survived)
+
+
+def episode(
+    now: float, grace: float, *, ignore: frozenset[signal.Signals] = frozenset()
+) -> StopEpisode | None:
+    """The stop episode of this process under way at ``now`` (see :func:`current_episode`).
+    ``ignore``: signals that do not stop this process (SIGINT in an interactive shell)."""
+    seen = [e for e in history() if e[0] not in ignore]
+    return current_episode(seen, now, grace, survived_marks())
+
+
+#: How long :func:`note_stop_survived` waits, at most, for a group stop signal still on its
+#: way to a witness (pending for it, or its handler running) to be recorded before the mark.
+_SETTLE_S = 0.2
+
+
+def _settle(pids: Iterable[int]) -> None:
+    """Wait (bounded) until none of ``pids`` has a stop signal pending or is running: a
+    group stop still on its way to a witness is then recorded, with its own time, before the
+    application's "survived" mark, so it cannot open a new stop after it."""
+    deadline = time.monotonic() + _SETTLE_S
+    pids = list(pids)
+    while time.monotonic() < deadline:
+        busy = False
+        for pid in pids:
+            stat = read_proc_stat(pid)
+            if pending_stop(pid) is not None or (stat is not None and stat.state == "R"):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.005)
+
+
+def note_stop_survived(*, witnesses: Iterable[int] = ()) -> float | None:
+    """Record that this process handled the stop signals it got so far and carries on.
+
+    The stop episode under way ends now: a death it deferred is reported at once, and a
+    later death is not deferred by it (a later stop signal opens a new episode). Returns the
+    time of the mark (``time.monotonic()``), or ``None`` if healthkit watches no stop
+    signals in this process. ``witnesses``: pids of other processes that record this
+    process's group stops (sidecars), given a moment to record one on its way first.
+    """
+    listener = _here()
+    if listener is None:
+        return None
+    witness = _this_witness()
+    _settle([*([witness.pid] if witness is not None else []), *witnesses])
+    history()  # every stop signal received so far is recorded, with its own time, first
+    with listener.lock:
+        now = time.monotonic()
+        listener.survived.append(now)
+        for fn in list(listener.survived_subscribers):
+            with contextlib.suppress(Exception):
+                fn(now)
+    return now
+
+
+def subscribe_survived(fn: Callable[[float], None]) -> None:
+    """Call ``fn(when)`` each time the application says it survived a stop."""
+    listener = _here()
+    if listener is None:
+        return
+    with listener.lock:
+        if fn not in listener.survived_subscribers:
+            listener.survived_subscribers.append(fn)
+
+
+def unsubscribe_survived(fn: Callable[[float], None]) -> None:
+    listener = _here()
+    if listener is None:
+        return
+    with listener.lock, contextlib.suppress(ValueError):
+        listener.survived_subscribers.remove(fn)
 
 
 def may_be_taking_stop() -> bool:

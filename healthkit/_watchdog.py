@@ -41,8 +41,15 @@ from healthkit._actions import (
     raise_in_cell,
     write_torchelastic_error_file,
 )
-from healthkit._decide import Decision, OnCleanExit, Verdict, check_on_clean_exit, decide
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._decide import (
+    DEFAULT_STOP_GRACE_S,
+    Decision,
+    OnCleanExit,
+    Verdict,
+    check_on_clean_exit,
+    decide,
+)
+from healthkit._diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
 from healthkit._errors import (
     InterpreterShutdownError,
     InvalidArgumentError,
@@ -59,19 +66,18 @@ from healthkit._sidecar import SidecarLink
 from healthkit._stop import stopped_by_healthkit
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
-__all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog"]
+__all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog", "note_stop_survived"]
 
 logger = logging.getLogger("healthkit")
 
 Target = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
 
 
-#: How long after a stop signal a death it excused waits before it is reported anyway, if
-#: this process is still running. 30 s is the grace torchrun (``PContext.close``), Kubernetes
-#: (``terminationGracePeriodSeconds``) and SLURM (``KillWait``) give a stopped process before
-#: SIGKILL: an owner still running after it was not being stopped by them; one that exits
-#: within it (a checkpoint, a flush) was.
-DEFAULT_STOP_GRACE_S = 30.0
+
+_INTERRUPT = frozenset({signal.SIGINT})
+#: A helper's death this soon after an interrupt of an interactive shell is named as its
+#: likely share of it (a KeyboardInterrupt ends a helper within moments).
+_INTERRUPT_NEAR_S = 5.0
 
 
 # Strong references on purpose: an armed watchdog must outlive its last user reference
@@ -267,6 +273,7 @@ class DisarmableWatchdog:
         )
         self._default_actions = actions is None
         self._interactive = False  # armed in an interactive shell (see _for_interactive_shell)
+        self._in_shell = False  # armed in a running IPython shell: SIGINT never stops it
         self._diagnoser = diagnoser
         self._owns_diagnoser = False
         self._lock = threading.RLock()
@@ -296,12 +303,13 @@ class DisarmableWatchdog:
             log=logger,
             stop_grace=self.stop_grace,
             owner_pgrp=os.getpgrp(),
-            episode=lambda now: _stopsignals.episode(now, self.stop_grace),
+            episode=self._episode,
             stopped_by_healthkit=lambda r: stopped_by_healthkit(r.pid, r.start_time),
             describe=self._brief,
             fire=self._fire,
             armed=lambda: self._armed,
             may_be_taking_stop=_stopsignals.may_be_taking_stop,
+            died_at=self._died_at,
         )
         if isinstance(watches, (str, bytes)) or not isinstance(watches, Iterable):
             raise InvalidArgumentTypeError(
@@ -358,6 +366,47 @@ class DisarmableWatchdog:
         """
         _stopsignals.note_stop(signum)
 
+    @staticmethod
+    def note_stop_survived() -> None:
+        """Tell every watchdog of this process that it handled the stop it got and carries on.
+
+        For an application that catches a stop and keeps running (a training loop that
+        saves on SIGTERM or Ctrl-C and continues, a SIGHUP log reopen): without it, a
+        helper's stop-like death during that stop is reported only once ``stop_grace`` is
+        over. After it, such a death is reported at once, and a later one is not deferred by
+        that stop (a new stop signal opens a new stop). Sidecars are told too. Call it from
+        the code that carries on (after the handler), not from a handler that goes on to
+        exit. An interactive shell needs nothing: an interrupt never stops it.
+        """
+        note_stop_survived()
+
+    def _stop_survived(self, at: float) -> None:
+        """What this watchdog's own thread deferred is decided again now (a sidecar does so
+        when it is told)."""
+        with self._lock:
+            if not self._armed or self._inert or os.getpid() != self._owner_pid:
+                return
+            Judge.resume(list(self._records.values()), at)
+            for tracker in self._trackers.values():
+                if tracker.due is not None:
+                    tracker.due = min(tracker.due, at)
+            watch_set = self._set
+        if watch_set is not None:
+            watch_set.wake()
+
+    def _died_at(self, record: Watched) -> float | None:
+        """When the witness saw ``record``'s process end, on its own clock (thread mode)."""
+        if not self._witnessed:
+            return None
+        return _stopsignals.died_at(record.pid, record.start_time)
+
+    def _episode(self, now: float) -> _stopsignals.StopEpisode | None:
+        """This process's stop episode at ``now``; in an interactive shell an interrupt
+        (SIGINT: a notebook's "Interrupt kernel", Ctrl-C in IPython) ends a cell, never the
+        process, so it opens none."""
+        ignore = _INTERRUPT if self._in_shell else frozenset()
+        return _stopsignals.episode(now, self.stop_grace, ignore=ignore)
+
     def watch(
         self,
         target: Target,
@@ -386,6 +435,8 @@ class DisarmableWatchdog:
             if self._armed and not self._inert:
                 if self._sidecar is not None:
                     self._sidecar.watch(record)
+                if self._witnessed:
+                    _stopsignals.witness_watch([(record.pid, record.start_time)])
                 if self._set is not None:
                     self._set.add(watch)
             return watch
@@ -518,6 +569,10 @@ class DisarmableWatchdog:
                     # The watcher thread judges: a witness in this process's group records
                     # the group's stop signals where no library can take them away.
                     self._witnessed = _stopsignals.acquire_witness()
+                if self._witnessed:
+                    _stopsignals.witness_watch(
+                        (r.pid, r.start_time) for r in self._records.values() if r.watch is not None
+                    )
                 if self._job is not None and not self._interactive:
                     # Beside the rank: names the rank's own death (an OOM kill of the
                     # trainer itself) in its error file and tells the job. It imports
@@ -565,11 +620,12 @@ class DisarmableWatchdog:
         cell instead, and a sidecar (which would SIGTERM the kernel) is not started: a
         thread watches. Said once, at WARNING. Explicit ``actions=`` are kept as given."""
         was_interactive, self._interactive = self._interactive, False
-        if not self._default_actions:
-            return
         shell = None
         if threading.current_thread() is threading.main_thread():
             shell = interactive_shell()
+        self._in_shell = shell is not None
+        if not self._default_actions:
+            return
         if shell is None:
             if was_interactive:
                 self.actions = default_actions(self.exit_code)
@@ -702,7 +758,7 @@ class DisarmableWatchdog:
                 armed=True,
                 on_clean_exit=record.on_clean_exit,
                 stopped_by_healthkit=stopped_by_healthkit(record.pid, record.start_time),
-                stop=_stopsignals.episode(now, self.stop_grace),
+                stop=self._episode(now),
                 stop_grace=self.stop_grace,
                 now=now,
                 owner_exiting=True,
@@ -793,7 +849,7 @@ class DisarmableWatchdog:
             decision, quiet = tracker.look(
                 now,
                 armed=self._armed,
-                stop=lambda t: _stopsignals.episode(t, self.stop_grace),
+                stop=self._episode,
                 stop_grace=self.stop_grace,
             )
             if decision.verdict is Verdict.FIRE and quiet is not None:
@@ -899,8 +955,12 @@ class DisarmableWatchdog:
             watch = record.watch
             assert diagnoser is not None and watch is not None
 
+            interrupted = self._interrupt_before(status) if self._in_shell else None
+
             def wording(d: Diagnosis, full: bool = False) -> Diagnosis:
                 d = early_exit_wording(d, record, diagnoser if full else None)
+                if interrupted is not None:
+                    d = interrupted_wording(d, interrupted)
                 return survived_stop_wording(d, excused) if excused is not None else d
 
             # Act first, explain right after: the actions start on the brief diagnosis (no
@@ -920,6 +980,16 @@ class DisarmableWatchdog:
             _jobnotice.publish_diagnosis(event.diagnosis)
         self._run_actions(event)
 
+    @staticmethod
+    def _interrupt_before(status: ExitStatus) -> float | None:
+        """How long before ``status`` was observed an interrupt (SIGINT) reached this
+        process, if one did within :data:`_INTERRUPT_NEAR_S`."""
+        at = status.observed_at
+        near = [at - when for sig, when, _ in _stopsignals.history()
+                if sig == signal.SIGINT and when <= at + 0.05]  # fmt: skip
+        ago = min(near, default=None)
+        return ago if ago is not None and ago <= _INTERRUPT_NEAR_S else None
+
     def _run_actions(self, event: FailureEvent) -> None:
         if threading.current_thread() is self._thread:
             _stopsignals.take_signals_again()  # what an action starts gets a normal mask
@@ -935,6 +1005,24 @@ class DisarmableWatchdog:
             event.diagnosis  # noqa: B018 - the evidence, for `fired`, if no action read it
         finally:
             self._actions_done.set()
+
+
+def note_stop_survived() -> None:
+    """This process handled the stop it got and carries on: see
+    :meth:`DisarmableWatchdog.note_stop_survived`."""
+    sidecars = []
+    for wd in list(_ARMED):
+        link = wd._sidecar
+        if link is not None and wd._owner_pid == os.getpid():
+            sidecars.append(link.pid)
+    witness = _WITNESS._link
+    if witness is not None:
+        sidecars.append(witness.pid)
+    at = _stopsignals.note_stop_survived(witnesses=sidecars)
+    if at is None:
+        return
+    for wd in list(_ARMED):
+        wd._stop_survived(at)
 
 
 def _check_actions(actions: object) -> list[Action]:

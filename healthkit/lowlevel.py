@@ -1,7 +1,7 @@
 """The plumbing under the primitives, for integrations and for users who build their own.
 
 Stable, but not what most code needs: the firing rule, stop-signal notes, the job-wide
-failure notice for failures that are not watched deaths, prctl helpers,
+failure notice for failures that are not watched deaths, the "stop survived" note, prctl helpers,
 stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
 use them too, so their errors are the core's), environment-variable readers, ``/proc``
 readers, the memory cgroup an ``ExitDiagnoser`` reads its OOM counter from
@@ -29,6 +29,7 @@ from healthkit._orphan import die_with_parent, set_thread_name
 from healthkit._proc import ProcStat, children, descendants, read_proc_stat
 from healthkit._stacks import dump_stacks, enable_quiet_stack_dumps, enable_stack_dumps
 from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
+from healthkit._watchdog import note_stop_survived
 
 __all__ = [
     "Decision",
@@ -62,6 +63,7 @@ __all__ = [
     "find_memory_cgroup",
     "flush_logging",
     "note_stop",
+    "note_stop_survived",
     "publish_job_failure",
     "read_env_seconds",
     "read_proc_stat",

@@ -466,6 +466,10 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "history": Case(lambda e: lowlevel.current_episode(5, 0.0, 1.0), T),
         "now": Case(lambda e: lowlevel.current_episode([], NAN, 1.0), T),
         "grace": Case(lambda e: lowlevel.current_episode([], 0.0, -1.0)),
+        "survived": [
+            Case(lambda e: lowlevel.current_episode([], 0.0, 1.0, 5.0), T),  # type: ignore[arg-type]
+            Case(lambda e: lowlevel.current_episode([], 0.0, 1.0, ["1"]), T),  # type: ignore[list-item]
+        ],
     },
     "healthkit.lowlevel.decide": {
         "status": Case(lambda e: lowlevel.decide(-15, armed=True), T),
@@ -615,6 +619,7 @@ CORE_EXEMPT = {
         for n in ("Decision", "ProcStat", "StopEpisode", "Verdict")
     },
     "healthkit.actions.Action": "a protocol (any callable taking a FailureEvent)",
+    "healthkit.lowlevel.note_stop_survived": "takes no argument",
     "healthkit.lowlevel.OnCleanExit": "a type alias",
     "healthkit.lowlevel.EnvValueWarning": "a warning category",
     **{

@@ -190,10 +190,13 @@ TABLE: dict[str, tuple[list[str], bool, tuple[str, ...], tuple[str, ...]]] = {
     "stop-long-ago-then-exit3": (SHORT_GRACE, True, ("exited with code 3",), ()),
     # This process ends within the grace: the death it excused was part of its stop.
     "exit-within-stop-grace": (SHORT_GRACE, False, (), ("taken as its share",)),
-    # A stop signal whose handler is still running is a stop under way; once over, the death
-    # it excused is reported (this process carried on).
+    # A stop signal whose handler is still running is a stop under way for a moment; held
+    # blocked longer (HANDLER_CONFIRM_S) with no other trace of it, it reads as a mask, and
+    # the death it excused is reported then, naming no stop (a handler written in C calls
+    # note_stop: docs/watchdog.md).
     "handler-running-then-exit3": (
-        SHORT_GRACE, True, ("exited with code 3", "SIGINT being handled"), ("taken as its share",)
+        SHORT_GRACE, True, ("exited with code 3",),
+        ("taken as its share", "SIGINT being handled", "looked at again within 1s"),
     ),
     # A thread that blocks the stop signals for good is no stop: the death fires at once
     # (with the default 30 s grace, a mistaken deferral would outlast the owner's 2 s).
@@ -220,8 +223,8 @@ def _run(scenario: str, mode: str, tmp_path: Path) -> tuple[subprocess.Completed
         report = json.loads(err.read_text())["message"]["extraInfo"]["py_callstack"]
         for word in words:
             assert word in report, f"{word!r} not in {report!r}"
-        if scenario == "stop-long-ago-then-exit3":
-            assert "excused" not in report, report
+        if scenario in ("stop-long-ago-then-exit3", "handler-running-then-exit3"):
+            assert "excused" not in report and "being stopped" not in report, report
     for word in logged:
         assert word in proc.stderr, f"{word!r} not in {proc.stderr!r}"
     return proc, fired

@@ -26,6 +26,9 @@ from stop_matrix import (
     STOPS,
     SURVIVED_GRACE,
     Cell,
+    declared_cells,
+    late_observation_cells,
+    mask_cells,
     owner_cells,
     run_cell,
     run_cells_together,
@@ -97,3 +100,37 @@ def test_an_owner_that_survives_its_stop_reports_a_helper_that_died_during_it() 
     for r in results:
         # Fired after the grace, and not long after it (a bound that proves "then", not speed).
         assert all(late < SURVIVED_GRACE + 10 for late in r.late_s), (r.cell.name(), r.late_s)
+
+
+@pytest.mark.timeout(300)
+def test_a_declared_survivor_is_told_at_once_and_a_mask_without_a_stop_defers_nothing() -> None:
+    """An owner that says it carries on after its stop (``note_stop_survived()``): a helper's
+    death after that, or one the stop deferred before it, fires at once (the default 30 s
+    grace notwithstanding). A thread that blocks SIGINT and SIGTERM after ``arm()`` with no
+    stop signal ever sent: a helper's exit 1 fires at once, and the diagnosis does not say the
+    owner was being stopped; the twins, a group stop during that mask, never fire. Both
+    modes."""
+    # The mask cells first, on their own: each death must come while its owner's mask is
+    # still held (the declared cells' stops take seconds in turn).
+    results = run_cells_together(mask_cells(), runs=1, parallel=24)
+    results += run_cells_together(declared_cells(), runs=1, parallel=24)
+    broken = {r.cell.name(): r.failures for r in results if not r.ok}
+    assert not broken, broken
+    for r in results:
+        assert r.fired == (r.runs if r.cell.expect_fire else 0), r.cell.name()
+    assert {r.cell.mode for r in results if not r.cell.expect_fire} == set(MODES)
+    assert all(r.late_s for r in results if r.cell.at_once)
+
+
+@pytest.mark.timeout(300)
+def test_a_death_seen_late_is_judged_at_the_moment_it_happened() -> None:
+    """The owner's main thread holds the GIL for 3 s in a C call; a helper exits 1 at 0.5 s
+    and the group gets SIGTERM at 1.5 s: the death came first, and fires (thread mode: the
+    witness stamps it on its own clock; the sidecar has its own). The twin: the group
+    SIGTERM alone, which the helpers die of, while the GIL is held: never fires."""
+    results = run_cells_together(late_observation_cells(), runs=max(1, RUNS - 1), parallel=24)
+    broken = {r.cell.name(): r.failures for r in results if not r.ok}
+    assert not broken, broken
+    for r in results:
+        assert r.fired == (r.runs if r.cell.expect_fire else 0), r.cell.name()
+    assert {r.cell.mode for r in results if r.cell.expect_fire} == set(MODES)

@@ -112,14 +112,27 @@ def test_a_helpers_exception_is_its_diagnosis(records: Path, method: str, wrappe
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["clean", "sys.exit(0)", "sys.exit()", "KeyboardInterrupt"])
-def test_stops_and_clean_exits_write_no_record(records: Path, how: str) -> None:
+@pytest.mark.parametrize("how", ["clean", "sys.exit(0)", "sys.exit()"])
+def test_clean_exits_write_no_record(records: Path, how: str) -> None:
     d = _run(hk.record_exception(exits), (how,), "fork")
     assert d.exception is None
     assert not list(records.glob("exception-*"))
-    assert d.cause is (
-        hk.Cause.ERROR_EXIT if how == "KeyboardInterrupt" else hk.Cause.CLEAN_EXIT
-    )
+    assert d.cause is hk.Cause.CLEAN_EXIT
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_is_recorded_and_named_as_one_not_as_an_error(records: Path) -> None:
+    """A KeyboardInterrupt exits 1 like any error; its record makes the diagnosis say
+    "interrupted" and how to keep the helper out of its owner's interrupts, not "wrap it in
+    record_exception" (it is wrapped). The twin: the same exit 1 unwrapped reads as the
+    generic code 1."""
+    d = _run(hk.record_exception(exits), ("KeyboardInterrupt",), "fork")
+    assert d.cause is hk.Cause.ERROR_EXIT and d.exit_code == 1
+    assert d.exception is not None and d.exception.type == "KeyboardInterrupt"
+    assert "it was interrupted: KeyboardInterrupt at " in d.likely, d.likely
+    assert "SIG_IGN" in d.hint and "record_exception" not in d.hint, d.hint
+    bare = _run(exits, ("KeyboardInterrupt",), "fork")
+    assert bare.exception is None and "generic failure code" in bare.likely
 
 
 def exits_with(code: object) -> None:

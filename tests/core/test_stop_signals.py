@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from healthkit import _stopsignals
+from healthkit._stopsignals import StopEpisode, current_episode
 
 
 def test_set_wakeup_fd_keeps_its_contract() -> None:
@@ -89,6 +90,7 @@ def test_a_forked_child_gets_the_applications_fd_back() -> None:
 ASYNCIO_OWNER = """
 import asyncio, os, signal, time
 from healthkit import _stopsignals
+from healthkit._stopsignals import StopEpisode, current_episode
 import healthkit
 
 def arm():
@@ -251,6 +253,65 @@ def test_a_mask_that_grows_after_arm_defers_for_one_grace_not_for_ever() -> None
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
     )
     assert proc.stdout.split() == ["handling", "True", "None", "None"], (proc.stdout, proc.stderr)
+
+
+def test_a_mask_with_no_stop_signal_is_no_stop_once_it_has_lasted_a_moment() -> None:
+    """A thread that blocks SIGINT and SIGTERM after arm() with no stop signal ever sent
+    looks like a handler only for HANDLER_CONFIRM_S; then it is a mask, learned as the
+    thread's usual one, and no stop is under way (with a 30 s grace). Its twin: a stop signal
+    sent while the mask holds stays pending, and is a stop."""
+    code = """
+        import os, signal, time
+        from healthkit import _stopsignals
+        assert _stopsignals.install()
+        time.sleep(0.1)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        first = _stopsignals.episode(time.monotonic(), 30.0)
+        print(first.seen)
+        time.sleep(_stopsignals.HANDLER_CONFIRM_S + 0.1)
+        print(_stopsignals.episode(time.monotonic(), 30.0))
+        print(_stopsignals.episode(time.monotonic(), 30.0))
+        os.kill(os.getpid(), signal.SIGTERM)  # a real stop: blocked, it stays pending
+        print(_stopsignals.episode(time.monotonic(), 30.0).seen)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["handling", "None", "None", "pending"], (
+        proc.stdout, proc.stderr
+    )
+
+
+def test_a_blocked_stop_signal_near_another_trace_of_a_stop_stays_a_stop() -> None:
+    """The rule itself: blocked past HANDLER_CONFIRM_S is a mask only when no other trace of
+    a stop signal (delivered, pending, noted, witnessed) came near it."""
+    from healthkit._stopsignals import HANDLER_CONFIRM_S, mask_not_stop
+
+    term = signal.SIGTERM
+    late = 10.0 + HANDLER_CONFIRM_S
+    assert not mask_not_stop(10.0, 10.5, [])  # not long enough yet
+    assert mask_not_stop(10.0, late, [])
+    assert mask_not_stop(10.0, late, [(term, 10.0, "handling")])  # itself is no other trace
+    assert mask_not_stop(10.0, late, [(term, 5.0, "witnessed")])  # long before: unrelated
+    for seen in ("delivered", "pending", "noted", "witnessed"):
+        assert not mask_not_stop(10.0, late, [(term, 9.5, seen)]), seen
+        assert not mask_not_stop(10.0, late, [(term, 10.8, seen)]), seen
+
+
+def test_a_stop_survived_ends_its_episode_and_a_later_stop_begins_a_new_one() -> None:
+    """note_stop_survived(): the stop under way ends at the mark, and the signals up to it
+    belong to it; a stop signal after the mark opens a new episode with its own grace."""
+    term, hup = signal.SIGTERM, signal.SIGHUP
+    history = [(term, 10.0, "delivered"), (term, 10.2, "witnessed")]
+    assert current_episode(history, 11.0, 30.0) == StopEpisode(term, 10.0, "delivered")
+    assert current_episode(history, 11.0, 30.0, [10.5]) is None
+    assert current_episode(history, 10.4, 30.0, [10.5]) == StopEpisode(term, 10.0, "delivered")
+    at_mark = [*history, (term, 10.5, "witnessed")]  # recorded at the very mark: the old stop
+    assert current_episode(at_mark, 11.0, 30.0, [10.5]) is None
+    later = [*history, (hup, 12.0, "delivered")]
+    assert current_episode(later, 13.0, 30.0, [10.5]) == StopEpisode(hup, 12.0, "delivered")
+    assert current_episode(later, 13.0, 30.0, [10.5, 12.5]) is None
+    assert current_episode(history, 11.0, 30.0, [5.0]) == StopEpisode(term, 10.0, "delivered")
 
 
 def test_note_stop_begins_an_episode_that_ends_after_the_grace() -> None:
@@ -417,3 +478,53 @@ def test_a_thread_running_subprocesses_is_never_taken_for_a_stop_being_handled()
         go.set()
         stop.set()
         t.join(60)
+
+
+def test_the_witness_stamps_a_watched_helpers_death_on_its_own_clock() -> None:
+    """The witness (thread mode) holds a pidfd on each helper it is told of and stamps its
+    death, between the kill and the reaping here; a pid told with another start time (a
+    reused pid) is never stamped."""
+    code = """
+        import os, signal, subprocess, time
+        from healthkit import _stopsignals
+        from healthkit._proc import read_proc_stat
+        assert _stopsignals.install() and _stopsignals.acquire_witness()
+        a = subprocess.Popen(["sleep", "60"])
+        b = subprocess.Popen(["sleep", "60"])
+        start_a, start_b = read_proc_stat(a.pid).start_time, read_proc_stat(b.pid).start_time
+        _stopsignals.witness_watch([(a.pid, start_a), (b.pid, start_b + 1)])  # b: not that one
+        time.sleep(0.3)
+        before = time.monotonic()
+        a.kill(); b.kill()
+        a.wait(); b.wait()
+        after = time.monotonic()
+        deadline = time.monotonic() + 10
+        while _stopsignals.died_at(a.pid, start_a) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        died = _stopsignals.died_at(a.pid, start_a)
+        ok = died is not None and before <= died <= time.monotonic()
+        print(ok, died is not None and died <= after + 1)
+        time.sleep(0.3)
+        print(_stopsignals.died_at(b.pid, start_b + 1) or _stopsignals.died_at(b.pid, start_b))
+        _stopsignals.release_witness()
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["True", "True", "None"], (proc.stdout, proc.stderr)
+
+
+def test_note_stop_survived_without_a_watchdog_does_nothing() -> None:
+    """Documented as a no-op when no watchdog was ever armed: no listener, no witness, no
+    error, nothing installed (a later arm() starts from a clean history)."""
+    code = """
+        import healthkit
+        from healthkit import _stopsignals
+        healthkit.lowlevel.note_stop_survived()
+        healthkit.DisarmableWatchdog.note_stop_survived()
+        print(_stopsignals._listener is None, _stopsignals.survived_marks())
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.stdout.split() == ["True", "[]"], (proc.stdout, proc.stderr)

@@ -79,7 +79,8 @@ TABLE = {
     "exit-within-stop-grace": (exit_3_when_told, "ignore", "handled-sigint-then-exit"),
     # A stop signal taken by a thread whose handler has not written its byte yet (on a loaded
     # machine the handler can be preempted for milliseconds): libc's sleep() as the C-level
-    # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile.
+    # SIGINT handler holds that moment for 2 s (sleep(SIGINT)), the signal blocked meanwhile:
+    # deferred at first, then, blocked past HANDLER_CONFIRM_S with no other trace, a mask.
     "handler-running-then-exit3": (exit_3_when_told, "ignore", "slow-c-handler"),
     # ...and its twin: a thread that blocks the stop signals for good (as libzmq's I/O
     # threads do), started after arm(): no stop is under way, the death fires at once.

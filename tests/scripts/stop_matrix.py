@@ -13,21 +13,32 @@ it to arm, stops it and reads how it ended. A cell says how:
 - ``how="owner-alone"``: the stop signal to the owner only, which handles it and carries on;
   then a helper dies (``death``): must fire, once the stop's grace is over;
 - ``owner="sig-ign"``: a group stop that the owner ignores: the helpers die of it and the owner
-  carries on: must fire, once the stop's grace is over.
+  carries on: must fire, once the stop's grace is over;
+- ``how="owner-declares"``: as ``owner-alone``, but the owner says it carries on
+  (``note_stop_survived()``) before a helper dies: must fire at once, the default 30 s grace
+  notwithstanding; ``how="owner-declares-late"``: a helper dies while the stop is under way
+  (deferred), then the owner says it carries on: must fire at once;
+- ``how="death-then-group"`` (``owner="gil-held"``): a helper exits 1, then the group gets
+  SIGTERM, both while the owner's main thread holds the GIL: the death came first and must
+  fire (the twin: the group stop alone, which the helpers die of, never fires);
+- ``how="helper-fails"``: no stop at all; a helper exits 1: must fire at once (the twin of
+  ``owner="mask-after-arm"``'s group stops: a mask without a stop signal defers nothing).
 
 Runs go in parallel batches: most of a run is waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,6 +72,12 @@ OWNERS = (
 )
 DEATHS = ("exit1", "exit3", "sigterm", "sigkill")
 SURVIVED_GRACE = 2.0  # --stop-grace of the owners that survive their stop
+MASK_S = 6  # how long the mask-after-arm owner blocks SIGINT and SIGTERM
+GIL_HELD_S = 3  # how long the gil-held owner's main thread holds the GIL once ready
+#: Cells that must fire at once (no stop defers them; the owner runs on the default 30 s
+#: stop grace): seconds from the death, or the declaration, to the error file. A bound that
+#: proves "not deferred" (below the mask, far below the grace), not a speed.
+AT_ONCE_S = 4.5
 
 
 @dataclass
@@ -74,7 +91,8 @@ class Cell:
     death: str = ""  # owner-alone: how a helper then ends (exit1, exit3, sigterm, sigkill)
 
     def name(self) -> str:
-        parts = [self.stop, self.start_method, f"cleanup={self.cleanup:g}s", self.mode]
+        stop = "none" if self.how == "helper-fails" else self.stop
+        parts = [stop, self.start_method, f"cleanup={self.cleanup:g}s", self.mode]
         if self.owner != "plain":
             parts.insert(0, self.owner)
         if self.how != "group" and self.stop != "helper-alone":
@@ -84,7 +102,18 @@ class Cell:
     @property
     def expect_fire(self) -> bool:
         # An owner that ignores the stop carries on without the helpers the stop ended.
-        return self.stop == "helper-alone" or self.how == "owner-alone" or self.owner == "sig-ign"
+        return (
+            self.stop == "helper-alone"
+            or self.how
+            in ("owner-alone", "owner-declares", "owner-declares-late", "helper-fails",
+                "death-then-group")
+            or self.owner == "sig-ign"
+        )
+
+    @property
+    def at_once(self) -> bool:
+        """Must fire within :data:`AT_ONCE_S` of the death (or of the declaration)."""
+        return self.how in ("owner-declares", "owner-declares-late", "helper-fails")
 
 
 @dataclass
@@ -120,8 +149,16 @@ class _Run:
             args += ["--stop-grace", str(SURVIVED_GRACE)]
         if cell.how == "owner-alone":
             args += ["--survive", "--stop-grace", str(SURVIVED_GRACE)]
-            if cell.death in ("exit1", "exit3"):
-                args += ["--helper-death", cell.death]
+        elif cell.how == "owner-declares":
+            args += ["--survive", "--declare"]  # the default stop grace
+        elif cell.how == "owner-declares-late":
+            args += ["--survive", "--declare-on-usr2"]
+        if cell.death in ("exit1", "exit3"):
+            args += ["--helper-death", cell.death]
+        if cell.owner == "mask-after-arm":
+            args += ["--blocked", str(MASK_S)]
+        if cell.owner == "gil-held":
+            args += ["--blocked", str(GIL_HELD_S)]
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
@@ -134,9 +171,14 @@ class _Run:
         self.out = LineReader(self.proc.stdout)
         self.pids: list[int] = []
         self.grace_ends: float | None = None
+        self.ready_at = 0.0
+        self.in_mask = True  # mask-after-arm: the death came while the mask was surely held
+        self.in_window = True  # gil-held: the death and the stop came while the GIL was held
+        self.timers: list[threading.Timer] = []
 
     def wait_ready(self, timeout: float = 120) -> None:
         found = self.out.until(r"^READY ", timeout)
+        self.ready_at = time.monotonic()
         if found is not None:
             line = found.string.split()
             self.pids = [int(x) for x in line[1 : 1 + self._helpers()]]
@@ -156,26 +198,60 @@ class _Run:
             return
         sig = SIGNALS[cell.stop]
         if cell.how == "group":
+            if cell.owner == "gil-held":  # the stop must come while the owner's GIL is held
+                self.in_window = self._hold() < GIL_HELD_S - 1.0
             os.killpg(self.proc.pid, sig)  # the owner leads its own group
         elif cell.how == "owner-then-each":
             os.kill(self.proc.pid, sig)
             for pid in self.pids:
                 time.sleep(0.01)
                 os.kill(pid, signal.SIGTERM)
-        elif cell.how == "owner-alone":
+        elif cell.how == "death-then-group":
+            # On timers from the hold, not in turn: the next run's stop must not wait for this.
+            late = self._hold()
+            self.in_window = late < 0.4
+            self.timers = [
+                threading.Timer(0.5 - late, _quietly(os.kill), (self.pids[0], self._death())),
+                threading.Timer(1.5 - late, _quietly(os.killpg), (self.proc.pid, sig)),
+            ]  # it exits 1 while the watcher cannot run; then the launcher stops the job
+            for timer in self.timers:
+                timer.start()
+        elif cell.how == "helper-fails":
+            self.in_mask = time.monotonic() - self.ready_at < MASK_S - 2.0
+            self.grace_ends = time.time()
+            os.kill(self.pids[0], self._death())
+        elif cell.how in ("owner-alone", "owner-declares", "owner-declares-late"):
             stopped = time.time()  # wall clock: compared with the error file's mtime
             os.kill(self.proc.pid, sig)
             if self.out.until(r"^HANDLED", 30) is None:
                 return
             self.grace_ends = stopped + SURVIVED_GRACE
-            death = {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}.get(
-                cell.death, signal.SIGUSR1
-            )
-            os.kill(self.pids[0], death)
+            if cell.how == "owner-declares":
+                self.grace_ends = time.time()
+            os.kill(self.pids[0], self._death())
+            if cell.how == "owner-declares-late":
+                time.sleep(1.0)  # deferred by the stop under way (the default 30 s grace)
+                self.grace_ends = time.time()
+                os.kill(self.proc.pid, signal.SIGUSR2)
+
+    def _hold(self) -> float:
+        """gil-held: tell the owner to take the GIL; seconds since it did."""
+        os.kill(self.proc.pid, signal.SIGUSR2)
+        found = self.out.until(r"^HOLDING ", 30)
+        if found is None:
+            return float("inf")
+        return time.monotonic() - float(found.string.split()[1])
+
+    def _death(self) -> signal.Signals:
+        return {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}.get(
+            self.cell.death, signal.SIGUSR1
+        )
 
     def finish(self, timeout: float) -> tuple[bool, str, float | None]:
         """(fired, description, seconds after the grace) once the owner has ended; strays are
         killed by pidfd."""
+        for timer in self.timers:
+            timer.join()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -208,6 +284,16 @@ class _Run:
         return "\n".join(err.lines)
 
 
+def _quietly(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn``, for a timer: a process already gone is no error."""
+
+    def call(*args: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            fn(*args)
+
+    return call
+
+
 def _end(pids: Iterable[int]) -> list[int]:
     """Let what a run left behind end by itself for 10 s, then kill it with the product's own
     ladder (by pidfd, never a recycled pid); return the pids that had to be killed."""
@@ -237,6 +323,17 @@ def _record(res: CellResult, run: _Run) -> None:
     # File times come from the kernel's coarse clock (a tick behind at most): 20 ms of slack.
     if res.cell.how == "owner-alone" and deferred and fired and late is not None and late < -0.02:
         broke, desc = True, f"fired {-late:.2f}s before the stop's grace ended: " + desc
+    if res.cell.how == "owner-declares-late" and fired and late is not None and late < -0.02:
+        broke, desc = True, f"fired {-late:.2f}s before the owner said it survived: " + desc
+    if res.cell.at_once and fired and (late is None or late > AT_ONCE_S):
+        broke, desc = True, f"fired {late}s after the death (not at once): " + desc
+    if res.cell.owner == "gil-held" and not run.in_window:
+        broke, desc = True, "the stop came after the owner's GIL was free (no test of it): " + desc
+    if res.cell.owner == "mask-after-arm" and not run.in_mask:
+        broke, desc = True, "the helper died after the mask had ended (no test of it): " + desc
+    told = Path(run.error_file).read_text() if os.path.exists(run.error_file) else ""
+    if res.cell.how == "helper-fails" and "being stopped" in told + desc:
+        broke, desc = True, "said the owner was being stopped (it never was): " + desc
     if broke:
         res.failures.append(desc)
 
@@ -307,8 +404,46 @@ def survived_cells() -> list[Cell]:
     ]
 
 
+def declared_cells() -> list[Cell]:
+    """The owner alone is stopped, carries on and says so; a helper dies after that, or
+    during the stop and before it says so: every run fires at once."""
+    cells = [
+        Cell(mode, "fork", stop, 0.0, "plain", "owner-declares", death)
+        for stop in ("int", "term")
+        for death in ("exit1", "sigterm")
+        for mode in MODES
+    ]
+    cells += [
+        Cell(mode, "fork", stop, 0.0, "plain", "owner-declares-late", "exit1")
+        for stop in ("int", "term")
+        for mode in MODES
+    ]
+    return cells
+
+
+def mask_cells() -> list[Cell]:
+    """A thread blocks the stop signals after arm(): with no stop signal a helper's exit 1
+    fires at once; with a group stop during the mask nothing fires."""
+    cells = []
+    for mode in MODES:
+        cells.append(Cell(mode, "fork", "term", 0.2, "mask-after-arm", "helper-fails", "exit1"))
+        cells += [Cell(mode, "fork", stop, 0.2, "mask-after-arm") for stop in STOPS]
+    return cells
+
+
+def late_observation_cells() -> list[Cell]:
+    """A death seen late (the owner's GIL held for seconds) is judged at the moment it
+    happened: before a group stop, it fires; the group stop alone never does. Both modes."""
+    cells = []
+    for mode in MODES:
+        cells.append(Cell(mode, "fork", "term", 0.2, "gil-held", "death-then-group", "exit1"))
+        cells.append(Cell(mode, "fork", "term", 0.2, "gil-held"))
+    return cells
+
+
 def all_cells() -> list[Cell]:
-    return group_cells() + owner_cells() + survived_cells()
+    return (group_cells() + owner_cells() + survived_cells() + declared_cells() + mask_cells()
+            + late_observation_cells())  # fmt: skip
 
 
 def _print(res: CellResult) -> None:

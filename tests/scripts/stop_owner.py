@@ -39,7 +39,18 @@ reopen): it prints "HANDLED" and keeps running, and its helpers stay its respons
   C call that holds the GIL (``sum`` over a long range): the wakeup socket fills up while the
   stop listener waits for the GIL, and further signal bytes (the stop's too) are dropped;
 - ``sig-ign``: the stop signal is ignored (``SIG_IGN``): a group stop ends the helpers and the
-  owner carries on, so their deaths must be reported (once the stop's grace is over).
+  owner carries on, so their deaths must be reported (once the stop's grace is over);
+- ``gil-held``: once ready, on SIGUSR2, the main thread prints "HOLDING <monotonic time>" and
+  sits for ``--blocked`` seconds in a C call that holds the GIL (libc ``sleep`` through
+  ``ctypes.PyDLL``): the watcher thread sees a death only when it returns, after a stop that
+  came later than the death;
+- ``mask-after-arm``: once armed, the main thread blocks SIGINT and SIGTERM for ``--blocked``
+  seconds (a critical section, a library that masks), then unblocks them; a stop sent
+  meanwhile stays pending until then.
+
+With ``--declare`` (and ``--survive``) the owner says it carries on with
+``DisarmableWatchdog.note_stop_survived()`` before it prints "HANDLED"; with
+``--declare-on-usr2`` it says so when it gets SIGUSR2 (and prints "DECLARED").
 
 A helper ends on SIGUSR1 the way ``--helper-death`` says (``exit1``: an uncaught exception,
 ``exit3``: ``sys.exit(3)``), so a test can make it fail with an exit code.
@@ -122,6 +133,8 @@ def main() -> None:
     ap.add_argument("--stop-grace", type=float, default=30.0)
     ap.add_argument("--helper-death", choices=["exit1", "exit3"], default="exit3")
     ap.add_argument("--blocked", type=int, default=3)
+    ap.add_argument("--declare", action="store_true")
+    ap.add_argument("--declare-on-usr2", action="store_true")
     args = ap.parse_args()
     stop_signal = STOP_SIGNALS[args.stop]
     asyncio_owner = (
@@ -134,11 +147,24 @@ def main() -> None:
     # exits the process (or returns, to carry on), from any of the handlers below
     state = {"helpers": [], "stopping": False}
 
+    def survived() -> None:
+        if args.declare:
+            hk.DisarmableWatchdog.note_stop_survived()
+        print("HANDLED", flush=True)
+
+    if args.declare_on_usr2:
+
+        def declare(signum: int, frame: object) -> None:
+            hk.DisarmableWatchdog.note_stop_survived()
+            print("DECLARED", flush=True)
+
+        signal.signal(signal.SIGUSR2, declare)
+
     def on_stop(signum: int = int(stop_signal), frame: object = None) -> None:
         if args.owner == "storm-alrm":  # no SIGALRM left to end it once its handler is gone
             signal.setitimer(signal.ITIMER_REAL, 0)
         if args.survive:
-            print("HANDLED", flush=True)
+            survived()
             return
         if args.owner == "handler-stops-helper":
             hk.stop(state["helpers"][:1], kill_after=0.3, kill_timeout=5)
@@ -225,7 +251,25 @@ def main() -> None:
             asyncio.run(serve())
         return
 
-    ready(arm())
+    armed = arm()
+    if args.owner == "gil-held":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})  # taken by sigwait below
+    if args.owner == "mask-after-arm":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    ready(armed)
+    if args.owner == "gil-held":
+        signal.sigwait({signal.SIGUSR2})
+        print("HOLDING", time.monotonic(), flush=True)
+        ctypes.PyDLL(None).sleep(args.blocked)  # the GIL held throughout
+        args.owner = "plain"
+    if args.owner == "mask-after-arm":
+        try:
+            time.sleep(args.blocked)  # the critical section
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        except KeyboardInterrupt:  # the stop sent meanwhile, delivered now
+            cleanup(args.cleanup)
+            sys.exit(0)
+        args.owner = "plain"
     if args.owner == "uvloop-signal":
         if stop_signal == signal.SIGINT:
             signal.signal(signal.SIGINT, on_stop)  # KeyboardInterrupt inside uvloop.run
@@ -262,7 +306,7 @@ def main() -> None:
             time.sleep(120)
         except KeyboardInterrupt:
             if args.survive:
-                print("HANDLED", flush=True)
+                survived()
                 continue
             cleanup(args.cleanup)
             sys.exit(0)
