@@ -70,6 +70,11 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
         finally:
             loader.shutdown()
         workers = loader._mp_producer._workers
+        # Stock shutdown joins each worker for 5 s at most: on a loaded machine one still
+        # exiting stays in multiprocessing's children with its sentinel pipe open (the leak
+        # check saw those fds). Its exit code below is what this test checks.
+        for w in workers:
+            w.join(60)
         del loader, dataset
         gc.collect()  # the ShmChannel's owner removes its SysV segment in its destructor
 
