@@ -56,6 +56,8 @@ owner -> sidecar
 ``progress``        ``fd``, ``name``, ``who``, ``stall_timeout``: watch a progress page (opened
                     through ``/proc/<owner>/fd/<fd>``); answered by ``watching``
 ``expect``          a wait for progress began while no timer was set: look at the pages
+``notice``          ``notice`` (JSON text): another rank's failure notice, heard first by the
+                    owner's link to the job's store (the sidecar's may still be coming up)
 ``disarm``          exit now
 ==================  =========================================================================
 
@@ -68,9 +70,12 @@ sidecar -> owner
                     owner's handlers it cannot write through (only when ``logging.relay``)
 ``flush``           the diagnosis is logged: flush those handlers and answer ``logged``
                     (waited for briefly before the owner is stopped)
+``publish``         ``notice`` (JSON text): publish this failure through the owner's link to
+                    the job's store (the sidecar's own is not up yet); answered by
+                    ``published`` (waited for briefly before the owner is stopped)
 ==================  =========================================================================
 
-owner -> sidecar, also: ``logged`` (the answer to ``flush``).
+owner -> sidecar, also: ``logged`` (the answer to ``flush``), ``published`` (to ``publish``).
 """
 
 from __future__ import annotations
@@ -389,6 +394,10 @@ class SidecarLink:
     def _stopping(self, pid: int, start_time: int | None) -> None:
         self._send_quietly(op="stopped", pid=pid, start_time=start_time)
 
+    def notice(self, failure: _jobnotice.JobFailure) -> None:
+        """Pass another rank's notice on to the sidecar (this process heard it first)."""
+        self._send_quietly(op="notice", notice=failure.to_bytes().decode())
+
     def _send_quietly(self, **msg: Any) -> None:
         if self._closed:
             return
@@ -442,6 +451,23 @@ class SidecarLink:
                 if record.levelno >= handler.level:
                     with contextlib.suppress(Exception):
                         handler.handle(record)
+            return True
+        if op == "publish":
+            # The sidecar fired before its own link to the job's store was up: publish
+            # through this process's (up since arm()), then answer, so that the sidecar
+            # stops this process only once the notice is out. Bounded: it stops us anyway.
+            # Only through a link that is up: a publish is then a few store round trips
+            # (not a connect the sidecar's stop could cut between the counter and the notice).
+            try:
+                failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+            except (KeyError, ValueError):
+                failure = None
+            link = _jobnotice._link
+            if (failure is not None and link is not None and link.ready()
+                    and _jobnotice.publish(failure)):
+                _jobnotice.flush(_OWNER_PUBLISH_WAIT_S)
+            with contextlib.suppress(OSError):
+                self._sock.sendall(_line(op="published"))
             return True
         if op == "flush":
             for handler in self._relay_to:
@@ -571,6 +597,9 @@ class _RelayHandler(logging.Handler):
 # How long the sidecar waits for the owner to hand its lines to the handlers it could not
 # write through, before it stops the owner (whose GIL may be held: then nobody answers).
 _OWNER_LOGGED_WAIT_S = 0.5
+# How long the sidecar waits for the owner to publish a failure through the owner's link
+# (its own is still coming up) before it stops the owner (whose GIL may be held).
+_OWNER_PUBLISH_WAIT_S = 0.5
 # A rank that exits with a code is often a consequence of another rank's failure (its
 # collective saw the peer vanish): its witness waits this long for that notice first.
 _EXIT_CODE_NOTICE_DELAY_S = 2.0
@@ -602,6 +631,8 @@ class _Sidecar:
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
+        self.owner_publishing = False  # the owner was asked to publish a failure for us
+        self.owner_published = False  # ...and answered
         self.disarmed = False  # the owner said so: its end after that is not ours to tell
         self.owner_exiting = False  # its interpreter is shutting down (a witness stays)
         self.job: _jobnotice.JobScope | None = None
@@ -674,6 +705,15 @@ class _Sidecar:
             self.owner_logged = True
             if self.relay is not None:
                 self.relay.confirmed(msg.get("n"))
+        elif op == "published":
+            self.owner_published = True
+        elif op == "notice":  # another rank's, heard first by the owner's link
+            try:
+                failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+            except (KeyError, ValueError):
+                logger.warning("a malformed notice from the owner was ignored")
+            else:
+                self.follow(failure)
         elif op == "exiting":
             self.owner_exiting = True  # its exit code is still ours to tell
         elif op == "stop":
@@ -864,9 +904,20 @@ class _Sidecar:
 
     def tell_job(self, diagnosis: Diagnosis) -> None:
         """Publish the owner's failure to the job (a no-op outside a launcher's job)."""
-        if self.job is not None:
-            _jobnotice.publish(_jobnotice.JobFailure.of(
-                diagnosis, self.job, origin_pid=int(self.config["owner_pid"])))
+        if self.job is None:
+            return
+        failure = _jobnotice.JobFailure.of(
+            diagnosis, self.job, origin_pid=int(self.config["owner_pid"]))
+        link = _jobnotice._link
+        if link is not None and not link.ready() and not self.config.get("witness"):
+            # This link is still coming up (torch is being imported: seconds on a loaded
+            # machine). The owner's is up: it publishes first, and act() waits (bounded) for
+            # its answer before stopping it. This one publishes too once up: the store's
+            # counter keeps only the first.
+            with contextlib.suppress(OSError):
+                self.sock.sendall(_line(op="publish", notice=failure.to_bytes().decode()))
+                self.owner_publishing = True
+        _jobnotice.publish(failure)
 
     def act(self, diagnosis: Diagnosis) -> None:
         """Log, write the error file, then stop the owner and its helpers."""
@@ -892,15 +943,17 @@ class _Sidecar:
             self.pump(lambda: self.owner_logged and not self.relay_pending(),
                       _OWNER_LOGGED_WAIT_S)
             self.relay.write_unconfirmed()
+        if self.owner_publishing:
+            self.pump(lambda: self.owner_published, _OWNER_PUBLISH_WAIT_S)
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
         tree = watch_tree(self.owner.pid, exclude=[os.getpid()])
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
-        # the owner's GIL is held.
+        # the owner's GIL is held. The owner and its helpers at once, on one deadline: one
+        # after the other, the helpers outlived the owner by its whole exit.
         grace = float(config["kill_after"])
-        stop([self.owner], kill_after=grace, name="the owner")
-        stop(tree, kill_after=grace, name="the owner's helpers")
+        stop([self.owner, *tree], kill_after=grace, name="the owner and its helpers")
         for watch in tree:
             watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
