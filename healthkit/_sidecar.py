@@ -72,7 +72,8 @@ sidecar -> owner
                     (waited for briefly before the owner is stopped)
 ``publish``         ``notice`` (JSON text): publish this failure through the owner's link to
                     the job's store (the sidecar's own is not up yet); answered by
-                    ``published`` (waited for briefly before the owner is stopped)
+                    ``published`` with ``ok`` (whether the notice is in the store; waited for
+                    briefly before the owner is stopped; if not ok, the sidecar publishes)
 ==================  =========================================================================
 
 owner -> sidecar, also: ``logged`` (the answer to ``flush``), ``published`` (to ``publish``).
@@ -463,11 +464,12 @@ class SidecarLink:
             except (KeyError, ValueError):
                 failure = None
             link = _jobnotice._link
+            ok = False
             if (failure is not None and link is not None and link.ready()
-                    and _jobnotice.publish(failure)):
-                _jobnotice.flush(_OWNER_PUBLISH_WAIT_S)
+                    and _jobnotice.told() is None):
+                ok = link.publish(failure, _OWNER_PUBLISH_WAIT_S)
             with contextlib.suppress(OSError):
-                self._sock.sendall(_line(op="published"))
+                self._sock.sendall(_line(op="published", ok=ok))
             return True
         if op == "flush":
             for handler in self._relay_to:
@@ -633,6 +635,8 @@ class _Sidecar:
         self.owner_logged = False  # the owner answered a flush of the relayed lines
         self.owner_publishing = False  # the owner was asked to publish a failure for us
         self.owner_published = False  # ...and answered
+        self.owner_published_ok = False  # ...that the notice is in the store
+        self.unpublished: _jobnotice.JobFailure | None = None  # left to the owner so far
         self.disarmed = False  # the owner said so: its end after that is not ours to tell
         self.owner_exiting = False  # its interpreter is shutting down (a witness stays)
         self.job: _jobnotice.JobScope | None = None
@@ -707,6 +711,7 @@ class _Sidecar:
                 self.relay.confirmed(msg.get("n"))
         elif op == "published":
             self.owner_published = True
+            self.owner_published_ok = bool(msg.get("ok"))
         elif op == "notice":  # another rank's, heard first by the owner's link
             try:
                 failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
@@ -912,11 +917,12 @@ class _Sidecar:
         if link is not None and not link.ready() and not self.config.get("witness"):
             # This link is still coming up (torch is being imported: seconds on a loaded
             # machine). The owner's is up: it publishes first, and act() waits (bounded) for
-            # its answer before stopping it. This one publishes too once up: the store's
-            # counter keeps only the first.
+            # its answer before stopping it; this one publishes only if the owner could not.
             with contextlib.suppress(OSError):
                 self.sock.sendall(_line(op="publish", notice=failure.to_bytes().decode()))
                 self.owner_publishing = True
+                self.unpublished = failure
+                return
         _jobnotice.publish(failure)
 
     def act(self, diagnosis: Diagnosis) -> None:
@@ -945,6 +951,11 @@ class _Sidecar:
             self.relay.write_unconfirmed()
         if self.owner_publishing:
             self.pump(lambda: self.owner_published, _OWNER_PUBLISH_WAIT_S)
+        if self.unpublished is not None and not self.owner_published_ok:
+            # The owner could not (its GIL held, its link down): this link publishes once
+            # up (this process waits for it before it ends).
+            _jobnotice.publish(self.unpublished)
+        self.unpublished = None
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
