@@ -429,6 +429,10 @@ class StoreLink:
                 self._on_notice(failure)
             return
 
+    def ready(self) -> bool:
+        """Whether this link is up (or has failed for good): a publish would not wait."""
+        return self._ready.is_set()
+
     def publish(self, failure: JobFailure, timeout: float = _CONNECT_TIMEOUT_S) -> bool:
         """Publish ``failure`` unless another rank's came first; False if not published."""
         return self.publish_raw(failure.to_bytes(), timeout)

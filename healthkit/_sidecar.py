@@ -57,6 +57,8 @@ owner -> sidecar
                     page (opened through ``/proc/<owner>/fd/<fd>``; ``bell``, if not null,
                     the pipe its callers ring, opened the same way); answered by ``watching``
 ``expect``          a wait for progress began while no timer was set: look at the pages
+``notice``          ``notice`` (JSON text): another rank's failure notice, heard first by the
+                    owner's link to the job's store (the sidecar's may still be coming up)
 ``disarm``          exit now
 ==================  =========================================================================
 
@@ -69,9 +71,17 @@ sidecar -> owner
                     owner's handlers it cannot write through (only when ``logging.relay``)
 ``flush``           the diagnosis is logged: flush those handlers and answer ``logged``
                     (waited for briefly before the owner is stopped)
+``publish``         ``notice`` (JSON text): publish this failure through the owner's link to
+                    the job's store (the sidecar's own is not up yet); answered by
+                    ``published`` with ``ok`` (whether the notice is in the store; waited for
+                    briefly before the owner is stopped; if not ok, the sidecar publishes)
 ==================  =========================================================================
 
-owner -> sidecar, also: ``logged`` (the answer to ``flush``).
+owner -> sidecar, also: ``logged`` (the answer to ``flush``), ``published`` (to ``publish``).
+
+Under a launcher's job, sidecar mode: the sidecar starts its own link to the job's store in a
+*link process* of its own (see :class:`_LinkProcess`: importing torch there does not stall the
+sidecar's loop).
 """
 
 from __future__ import annotations
@@ -397,6 +407,10 @@ class SidecarLink:
     def _stopping(self, pid: int, start_time: int | None) -> None:
         self._send_quietly(op="stopped", pid=pid, start_time=start_time)
 
+    def notice(self, failure: _jobnotice.JobFailure) -> None:
+        """Pass another rank's notice on to the sidecar (this process heard it first)."""
+        self._send_quietly(op="notice", notice=failure.to_bytes().decode())
+
     def _send_quietly(self, **msg: Any) -> None:
         if self._closed:
             return
@@ -450,6 +464,24 @@ class SidecarLink:
                 if record.levelno >= handler.level:
                     with contextlib.suppress(Exception):
                         handler.handle(record)
+            return True
+        if op == "publish":
+            # The sidecar fired before its own link to the job's store was up: publish
+            # through this process's (up since arm()), then answer, so that the sidecar
+            # stops this process only once the notice is out. Bounded: it stops us anyway.
+            # Only through a link that is up: a publish is then a few store round trips
+            # (not a connect the sidecar's stop could cut between the counter and the notice).
+            try:
+                failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+            except (KeyError, ValueError):
+                failure = None
+            link = _jobnotice._link
+            ok = False
+            if (failure is not None and link is not None and link.ready()
+                    and _jobnotice.told() is None):
+                ok = link.publish(failure, _OWNER_PUBLISH_WAIT_S)
+            with contextlib.suppress(OSError):
+                self._sock.sendall(_line(op="published", ok=ok))
             return True
         if op == "flush":
             for handler in self._relay_to:
@@ -580,12 +612,122 @@ class _RelayHandler(logging.Handler):
 # How long the sidecar waits for the owner to hand its lines to the handlers it could not
 # write through, before it stops the owner (whose GIL may be held: then nobody answers).
 _OWNER_LOGGED_WAIT_S = 0.5
+# How long the sidecar waits for the owner to publish a failure through the owner's link
+# (its own is still coming up) before it stops the owner (whose GIL may be held).
+_OWNER_PUBLISH_WAIT_S = 0.5
 # A rank that exits with a code is often a consequence of another rank's failure (its
 # collective saw the peer vanish): its witness waits this long for that notice first.
 _EXIT_CODE_NOTICE_DELAY_S = 2.0
 # How long the sidecar waits, before it exits, for its notice to reach the job's store (a
 # witness imports torch for it only once the owner has died).
 _NOTICE_FLUSH_S = 30.0
+
+
+class _LinkProcess:
+    """The sidecar's own link to the job's store, in a process of its own. The link imports
+    torch, and importing torch holds the importing process's GIL for up to a second at a
+    time on a loaded machine: in the sidecar itself that stalled the loop that sees deaths
+    and reads notices, in the first seconds after ``arm()``. Lines: ``publish`` (sidecar ->
+    link); ``ready`` (the link is up, or failed for good) and ``notice`` (link -> sidecar).
+    At end-of-file the link process finishes its publishes (bounded) and exits."""
+
+    def __init__(self, job: _jobnotice.JobScope) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-I", "-c", _SIDECAR_MAIN, _PKG_DIR, _attrs_dir(), "link",
+                    str(theirs.fileno()), json.dumps(job.to_dict()),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.buf = b""
+        self.ready = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> list[dict[str, Any]] | None:
+        """The lines the link process sent (call when readable); None at end-of-file."""
+        try:
+            chunk = self.sock.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                msg = json.loads(line)
+                if isinstance(msg, dict):
+                    out.append(msg)
+        return out
+
+    def publish(self, failure: _jobnotice.JobFailure) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.sendall(_line(op="publish", notice=failure.to_bytes().decode()))
+
+    def finish(self, timeout: float) -> None:
+        """No more requests: let it finish its publishes (bounded), then reap it."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+
+
+def _link_main(argv: list[str]) -> int:
+    """The link process: this process's link to the job's store, serving its sidecar."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # A group stop is the owner's; this process ends when its sidecar does.
+        signal.signal(sig, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(argv[0]))
+    scope = _jobnotice.JobScope.from_dict(json.loads(argv[1]))
+    lock = threading.Lock()
+
+    def send(**msg: Any) -> None:
+        with lock, contextlib.suppress(OSError):
+            sock.sendall(_line(**msg))
+
+    link = _jobnotice.start(scope)
+    if link is None:
+        return 0
+    _jobnotice.subscribe(lambda f: send(op="notice", notice=f.to_bytes().decode()))
+
+    def tell_ready() -> None:
+        link._ready.wait()
+        send(op="ready")
+
+    threading.Thread(target=tell_ready, name="healthkit link ready", daemon=True).start()
+    buf = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            try:
+                msg = json.loads(line)
+                failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+            except (ValueError, KeyError, TypeError):
+                continue
+            _jobnotice.publish(failure)
+    _jobnotice.flush(_NOTICE_FLUSH_S)
+    _jobnotice.close()
+    return 0
 
 
 class _Sidecar:
@@ -612,10 +754,15 @@ class _Sidecar:
         self.handlers: _stopsignals.HandlerWatch | None = None
         self.fired = False
         self.owner_logged = False  # the owner answered a flush of the relayed lines
+        self.owner_publishing = False  # the owner was asked to publish a failure for us
+        self.owner_published = False  # ...and answered
+        self.owner_published_ok = False  # ...that the notice is in the store
+        self.unpublished: _jobnotice.JobFailure | None = None  # left to the owner so far
         self.disarmed = False  # the owner said so: its end after that is not ours to tell
         self.owner_exiting = False  # its interpreter is shutting down (a witness stays)
         self.job: _jobnotice.JobScope | None = None
         self.notice: _jobnotice.JobFailure | None = None  # another rank's, to act on
+        self.linkproc: _LinkProcess | None = None  # sidecar mode under a launcher's job
         self.owner_stat: ProcStat | None = None
         self.relay: _RelayHandler | None = None
         self.trackers: list[Tracker] = []
@@ -684,6 +831,16 @@ class _Sidecar:
             self.owner_logged = True
             if self.relay is not None:
                 self.relay.confirmed(msg.get("n"))
+        elif op == "published":
+            self.owner_published = True
+            self.owner_published_ok = bool(msg.get("ok"))
+        elif op == "notice":  # another rank's, heard first by the owner's link
+            try:
+                failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+            except (KeyError, ValueError):
+                logger.warning("a malformed notice from the owner was ignored")
+            else:
+                self.follow(failure)
         elif op == "exiting":
             self.owner_exiting = True  # its exit code is still ours to tell
         elif op == "stop":
@@ -901,9 +1058,43 @@ class _Sidecar:
 
     def tell_job(self, diagnosis: Diagnosis) -> None:
         """Publish the owner's failure to the job (a no-op outside a launcher's job)."""
-        if self.job is not None:
-            _jobnotice.publish(_jobnotice.JobFailure.of(
-                diagnosis, self.job, origin_pid=int(self.config["owner_pid"])))
+        if self.job is None:
+            return
+        failure = _jobnotice.JobFailure.of(
+            diagnosis, self.job, origin_pid=int(self.config["owner_pid"]))
+        if self.linkproc is not None and not self.linkproc.ready:
+            # This link is still coming up (torch is being imported: seconds on a loaded
+            # machine). The owner's is up: it publishes first, and act() waits (bounded) for
+            # its answer before stopping it; this one publishes only if the owner could not.
+            with contextlib.suppress(OSError):
+                self.sock.sendall(_line(op="publish", notice=failure.to_bytes().decode()))
+                self.owner_publishing = True
+                self.unpublished = failure
+                return
+        self.publish(failure)
+
+    def publish(self, failure: _jobnotice.JobFailure) -> None:
+        if self.linkproc is not None:
+            self.linkproc.publish(failure)
+        else:
+            _jobnotice.publish(failure)
+
+    def on_link(self) -> None:
+        """Lines from the link process: it is up, or another rank's notice."""
+        assert self.linkproc is not None
+        msgs = self.linkproc.read()
+        if msgs is None:
+            self.waits.remove_fd(self.linkproc.fileno())
+            return
+        for msg in msgs:
+            if msg.get("op") == "ready":
+                self.linkproc.ready = True
+            elif msg.get("op") == "notice":
+                try:
+                    failure = _jobnotice.JobFailure.from_bytes(str(msg["notice"]).encode())
+                except (KeyError, ValueError):
+                    continue
+                self.follow(failure)
 
     def act(self, diagnosis: Diagnosis) -> None:
         """Log, write the error file, then stop the owner and its helpers."""
@@ -929,15 +1120,22 @@ class _Sidecar:
             self.pump(lambda: self.owner_logged and not self.relay_pending(),
                       _OWNER_LOGGED_WAIT_S)
             self.relay.write_unconfirmed()
+        if self.owner_publishing:
+            self.pump(lambda: self.owner_published, _OWNER_PUBLISH_WAIT_S)
+        if self.unpublished is not None and not self.owner_published_ok:
+            # The owner could not (its GIL held, its link down): this link publishes once
+            # up (this process waits for it before it ends).
+            self.publish(self.unpublished)
+        self.unpublished = None
         assert self.owner is not None
         # The owner's whole helper tree (DataLoader workers, its own helpers' children),
         # listed while the owner lives: once it dies they are reparented out of reach.
-        tree = watch_tree(self.owner.pid, exclude=[os.getpid()])
+        tree = watch_tree(self.owner.pid, exclude=self.ours())
         # SIGTERM, then SIGKILL after the grace: a Python SIGTERM handler cannot run while
-        # the owner's GIL is held.
+        # the owner's GIL is held. The owner and its helpers at once, on one deadline: one
+        # after the other, the helpers outlived the owner by its whole exit.
         grace = float(config["kill_after"])
-        stop([self.owner], kill_after=grace, name="the owner")
-        stop(tree, kill_after=grace, name="the owner's helpers")
+        stop([self.owner, *tree], kill_after=grace, name="the owner and its helpers")
         for watch in tree:
             watch.close()
         # The owner had no chance to stop its helpers (its atexit hooks did not run):
@@ -949,8 +1147,8 @@ class _Sidecar:
 
     # ---- the job-wide notice
     def follow(self, failure: _jobnotice.JobFailure) -> None:
-        """Another rank failed first (the listener thread calls this): tell it in the
-        owner's log and error file, then stop the owner as for a failure of our own."""
+        """Another rank failed first (told by the link process or by the owner): tell it in
+        the owner's log and error file, then stop the owner as for a failure of our own."""
         if failure.origin_pid == self.config["owner_pid"]:
             return
         self.notice = failure
@@ -1021,7 +1219,7 @@ class _Sidecar:
             return
         watches: list[ProcessWatch] = []
         for pid in group_members(stat.pgrp):
-            if pid == os.getpid():
+            if pid in self.ours():
                 continue
             listed = read_proc_stat(pid)
             try:
@@ -1038,6 +1236,11 @@ class _Sidecar:
                  name="the dead rank's helpers")
             for watch in watches:
                 watch.close()
+
+    def ours(self) -> list[int]:
+        """This process and its link process: in the owner's tree and group, never stopped
+        with it (they end by themselves once the owner is gone)."""
+        return [os.getpid()] + ([self.linkproc.proc.pid] if self.linkproc is not None else [])
 
     def rank_name(self) -> str:
         job = self.job
@@ -1101,8 +1304,8 @@ class _Sidecar:
                 # Sidecar mode: this process publishes the owner's failures and acts on the
                 # other ranks' (the owner's GIL may be held). A witness starts its link only
                 # if the owner dies (torch is imported then, not for every healthy rank).
-                _jobnotice.start(self.job)
-                _jobnotice.subscribe(self.follow)
+                self.linkproc = _LinkProcess(self.job)
+                self.waits.add_fd(self.linkproc.fileno(), self.on_link)
         self.sock.sendall(_line(op="ready"))
         next_sample = time.monotonic() + interval if interval else None
         with self.waits:
@@ -1117,6 +1320,8 @@ class _Sidecar:
                     if not self.disarmed and not self.fired and self.job is not None:
                         self.witness_owner_end()
                     _jobnotice.flush(_NOTICE_FLUSH_S)  # this process outlives the owner
+                    if self.linkproc is not None:
+                        self.linkproc.finish(_NOTICE_FLUSH_S + 5.0)
                     return 0
                 due = Judge.next_due(list(self.records.values()))
                 dues = [t.due for t in self.trackers if t.due is not None]
@@ -1151,6 +1356,8 @@ def _witness(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "link":
+        return _link_main(argv[1:])
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         # Group stops are for the owner to handle; the sidecar keeps watching, and keeps the
         # time as the owner's stop evidence that nothing in the owner can take away.

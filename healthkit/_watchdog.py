@@ -556,14 +556,16 @@ class DisarmableWatchdog:
                     link.watch(record)
                 self._sidecar_watch = link.process_watch()
                 watch_set.add(self._sidecar_watch)
-                if link.relays:
-                    fd = link.fileno()
+                # What the sidecar asks of this process: its log lines for handlers it
+                # cannot write through, and a failure to publish while its own link to the
+                # job's store is still coming up.
+                fd = link.fileno()
 
-                    def take_messages() -> None:
-                        if not link.take_messages():
-                            watch_set.remove_fd(fd)  # closed: its death is seen on its own
+                def take_messages() -> None:
+                    if not link.take_messages():
+                        watch_set.remove_fd(fd)  # closed: its death is seen on its own
 
-                    watch_set.add_fd(fd, take_messages)
+                watch_set.add_fd(fd, take_messages)
             else:
                 if not self._witnessed:
                     # The watcher thread judges: a witness in this process's group records
@@ -598,9 +600,18 @@ class DisarmableWatchdog:
         link = _jobnotice.start()
         if link is None:
             return None
-        if self.mode == "thread" and not self._interactive:
-            _jobnotice.subscribe(self._follow)
+        if not self._interactive:
+            _jobnotice.subscribe(self._follow if self.mode == "thread" else self._tell_sidecar)
         return link.scope
+
+    def _tell_sidecar(self, failure: _jobnotice.JobFailure) -> None:
+        """Sidecar mode: this process's link (up as soon as torch is imported here) passes
+        another rank's notice on to the sidecar, whose own link may still be coming up (it
+        imports torch in the background after arm()). Whichever hears first, the sidecar
+        acts once; if this process's GIL is held, the sidecar's own link still hears it."""
+        sidecar = self._sidecar
+        if sidecar is not None and self._armed:
+            sidecar.notice(failure)
 
     def _follow(self, failure: _jobnotice.JobFailure) -> None:
         """Another rank failed first: this rank stops too, naming that failure (the
@@ -673,6 +684,7 @@ class DisarmableWatchdog:
             witness, self._witness = self._witness, None
             trackers = self._stop_progress(sidecar)
         _jobnotice.unsubscribe(self._follow)
+        _jobnotice.unsubscribe(self._tell_sidecar)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()

@@ -29,6 +29,11 @@ from healthkit._jobnotice import JobFailure, JobScope, StoreLink
 # How long a stock (or silent) node is watched after the death to call it hung: the healthkit
 # jobs end in well under a second here.
 HUNG_AFTER_S = 8.0
+# How long a job runs before the kill or stop: a sidecar's link to the store comes up in the
+# background after arm() (it imports torch), and a test of what reaches the other node wants
+# the link up, as in a job that has been running for a while.
+SETTLE_S = {"thread": 1.0, "sidecar": 4.0}
+MODES = ["thread", "sidecar"]
 
 
 def _kill(pid: int) -> float:
@@ -94,10 +99,11 @@ def test_without_healthkit_the_other_node_hangs_and_names_nothing() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_healthy_end_and_a_rank_that_finishes_early_publish_nothing() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_healthy_end_and_a_rank_that_finishes_early_publish_nothing(mode: str) -> None:
     """Every rank finishes (rank 3 at once, the others after 300 steps), disarming on the
     way: both agents succeed, no error file is written, no rank is stopped."""
-    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
+    job = Job(["--healthkit", "--mode", mode, "--phase-a", "compute", "--phase-b", "compute",
                "--finish", "300", "--exit-early", "3"])  # fmt: skip
     try:
         job.wait_ready()
@@ -110,25 +116,47 @@ def test_a_healthy_end_and_a_rank_that_finishes_early_publish_nothing() -> None:
     assert len(re.findall(r"JOB DONE", "\n".join(o for _, o in results))) == 4
 
 
-@pytest.mark.timeout(240)
-def test_a_launchers_stop_of_one_node_is_not_told_to_the_other() -> None:
-    """A scheduler preempts node 1 (SIGTERM to its agent, which SIGTERMs its ranks' process
-    groups): node 1's ranks and helpers die of that stop, and node 0's ranks (computing) are
-    not told to stop: nothing publishes a stop."""
-    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute"])
+def _stop_node_1(mode: str, stop: Callable[[Job], None]) -> str:
+    """Node 0 and node 1 compute; ``stop`` stops node 1 the way a launcher or a user does.
+    Node 1's ranks and helpers die of that stop, node 0's ranks go on (nobody told them to
+    stop), no summary names a healthkit cause, and nothing says "stopped because"."""
+    job = Job(["--healthkit", "--mode", mode, "--phase-a", "compute", "--phase-b", "compute"])
     try:
         job.wait_ready()
-        time.sleep(1.0)
-        agent1 = job.agent_of(1)
-        agent1.proc.send_signal(signal.SIGTERM)
+        time.sleep(SETTLE_S[mode])
+        stop(job)
         node1 = [p for _, pid, helper in job.by_node(1).values() for p in (pid, helper)]
         assert job.wait_gone(node1, time.monotonic(), 60) is not None, job.texts()
         node0 = [pid for _, pid, _ in job.by_node(0).values()]
         still = job.wait_gone(node0, time.monotonic(), 4.0)
     finally:
         results = job.finish(timeout=1)
-    assert still is None, "node 0 was stopped by node 1's preemption:\n" + job.texts()
-    assert not any("stopped because" in out for _, out in results), job.texts()
+    assert still is None, "node 0 was stopped by node 1's stop:\n" + job.texts()
+    for _, out in results:
+        assert "stopped because" not in out, job.texts()
+        assert "healthkit watchdog" not in root_cause(out), job.texts()
+    return results[job.agents.index(job.agent_of(1))][1]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_launchers_stop_of_one_node_is_not_told_to_the_other(mode: str) -> None:
+    """A scheduler preempts node 1: SIGTERM to its agent, which SIGTERMs its ranks' process
+    groups (their helpers, sidecars and witnesses with them)."""
+    node1 = _stop_node_1(mode, lambda job: job.agent_of(1).proc.send_signal(signal.SIGTERM))
+    assert "closing signal SIGTERM" in node1, node1
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_ctrl_c_in_one_nodes_terminal_is_not_told_to_the_other(mode: str) -> None:
+    """A user presses Ctrl-C in node 1's terminal: SIGINT to the agent's foreground process
+    group (its ranks run in sessions of their own, so only the agent gets it). torchrun's
+    agent takes it as a death signal and passes SIGINT itself on to each rank's process
+    group (``_shutdown(SIGINT)`` -> ``killpg(rank, SIGINT)``): the ranks end in a
+    KeyboardInterrupt, their helpers of the same SIGINT. A stop, not a failure."""
+    node1 = _stop_node_1(mode, lambda job: os.killpg(job.agent_of(1).proc.pid, signal.SIGINT))
+    assert "closing signal SIGINT" in node1, node1  # the ranks got SIGINT, not SIGTERM
 
 
 @pytest.mark.timeout(240)
@@ -159,17 +187,19 @@ def test_a_ranks_own_oom_kill_is_named_on_its_node_and_on_the_other() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_restarted_job_is_not_ended_by_the_notice_of_the_round_before() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_restarted_job_is_not_ended_by_the_notice_of_the_round_before(mode: str) -> None:
     """torchrun restarts the job after node 1's helper dies (--max_restarts=1): the notice
     of round 0 ended round 0 on both nodes, and round 1 runs to its end on both. (Without a
     process group: gloo itself cannot restart two agents on one host here, stock or not:
     round 1's mesh connects to round 0's stale addresses in the agent store.)"""
-    job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute", "--finish", "300",
-               "--restarted-only", "--no-process-group"], max_restarts=1)  # fmt: skip
+    job = Job(["--healthkit", "--mode", mode, "--phase-a", "compute", "--phase-b", "compute",
+               "--finish", "300", "--restarted-only", "--no-process-group"],
+              max_restarts=1)  # fmt: skip
     try:
         job.wait_ready()
         _, helper = _helper_of_node_1(job)
-        time.sleep(1.0)
+        time.sleep(SETTLE_S[mode])
         _kill(helper)
         job.wait_ready(timeout=150, round=1)
         results = job.finish(timeout=150)
