@@ -38,6 +38,7 @@ from graphlearn_torch.utils import get_available_device
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
 from healthkit.lowlevel import check_bound
+from healthkit_glt._compat import collate, set_loader_partitions, set_worker_ranks
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
@@ -200,9 +201,10 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
                 "need the dataset (pass data=)",
                 "data",
             )
-        self.num_data_partitions = data.num_partitions
-        self.data_partition_idx = data.partition_idx
-        self._set_ntypes_and_etypes(data.get_node_types(), data.get_edge_types())
+        set_loader_partitions(
+            self, data.num_partitions, data.partition_idx, data.get_node_types(),
+            data.get_edge_types(),
+        )  # fmt: skip
         self._num_recv = 0
         self._epoch = 0
         ctx = get_context()
@@ -222,7 +224,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         if not self.drop_last and self._input_len % self.batch_size != 0:
             self._num_expected += 1
         self._with_channel = True
-        worker_options._set_worker_ranks(ctx)
+        set_worker_ranks(worker_options, ctx)
         self._channel = ShmChannel(worker_options.channel_capacity, worker_options.channel_size)
         if worker_options.pin_memory:
             self._channel.pin_memory()
@@ -316,8 +318,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
 
         first = self._links[0]
         meta = _await_rpc(first, first.call(_call_server_method, _GLTDistServer.get_dataset_meta))
-        self.num_data_partitions, self.data_partition_idx, ntypes, etypes = meta
-        self._set_ntypes_and_etypes(ntypes, etypes)
+        set_loader_partitions(self, *meta)
         futures = [  # in parallel, as GLT: each server starts its workers at once
             link.call(
                 serve_create, link.lease.token, inp, config, worker_options, producer_kwargs,
@@ -385,7 +386,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         if self._num_recv == self._num_expected:
             raise StopIteration
         msg = self._channel.recv() if self._remote else self._mp_producer.recv()
-        result = self._collate_fn(msg)
+        result = collate(self, msg)
         self._num_recv += 1
         return result
 

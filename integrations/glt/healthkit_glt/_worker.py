@@ -26,6 +26,7 @@ from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier, Heartbeat, InvalidArgumentTypeError
 from healthkit.lowlevel import check_bound, check_int, die_with_parent, flush_logging
+from healthkit_glt._compat import set_rpc_timeout, set_worker_signal_handlers
 
 __all__ = [
     "SamplerFactory",
@@ -317,7 +318,6 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
     import torch
     from graphlearn_torch.distributed import init_rpc, init_worker_group
     from graphlearn_torch.utils import ensure_device
-    from torch._C import _set_worker_signal_handlers
 
     opts = ctx.worker_options
     init_worker_group(
@@ -338,7 +338,7 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
     )
     ensure_device(opts.worker_devices[ctx.rank])
     # torch's DataLoader worker handlers: a SIGTERM from the parent makes the worker exit 0.
-    _set_worker_signal_handlers()
+    set_worker_signal_handlers()
     torch.set_num_threads(num_rpc_threads + 1)
     init_rpc(
         master_addr=opts.master_addr,
@@ -395,7 +395,7 @@ def narrow_rpc_timeout(rank: int, bringup: float, steady: float) -> float:
     if steady == bringup:
         logger.debug("sampling worker %d: RPC timeout stays %gs (bring-up == steady)", rank, steady)
         return float(get_timeout())
-    rpc._set_rpc_timeout(float(steady))  # type: ignore[attr-defined,unused-ignore]
+    set_rpc_timeout(float(steady))
     now = float(get_timeout())
     logger.info(
         "sampling worker %d past the init barrier; RPC request timeout narrowed from %gs "
