@@ -20,7 +20,7 @@ And the channel's SysV segment, whose life only GLT's C++ destructor ends
 This is also the one module that touches GLT's internals (and the two torch privates GLT's
 own worker loop uses): the ring layout, the channel's ``_queue`` swap, the server slot
 (``_dist_server``) and ``_set_server_context``, the loader's private flags
-(``DistLoader.__init__``'s), ``_set_worker_ranks``, ``_set_ntypes_and_etypes``,
+(:func:`init_loader_state`), ``_set_worker_ranks``, ``_set_ntypes_and_etypes``,
 ``_collate_fn``, ``_get_seeds_indexes``, and the producer pools of GLT's ``DistServer`` that
 :class:`healthkit_glt.DistServer` extends. :func:`self_check` runs at import: a build that
 lacks one of them fails the import with what is missing, and a build not in
@@ -54,6 +54,7 @@ __all__ = [
     "collate",
     "glt_build",
     "glt_version",
+    "init_loader_state",
     "install_server",
     "seeds_indexes",
     "self_check",
@@ -275,6 +276,48 @@ def install_server(server: Any) -> None:
 
 
 # ---------------------------------------------------------------------- loader state
+#: The ``SamplingConfig`` fields ``DistLoader.__init__`` copies onto the loader.
+_CONFIG_FIELDS = (
+    "sampling_type", "num_neighbors", "batch_size", "shuffle", "drop_last", "with_edge",
+    "with_weight", "collect_features", "edge_dir",
+)  # fmt: skip
+
+
+def init_loader_state(
+    loader: Any,
+    *,
+    data: Any,
+    input_data: Any,
+    config: Any,
+    to_device: Any,
+    worker_options: Any,
+    remote: bool,
+) -> None:
+    """The state GLT's ``DistLoader.__init__`` sets before it starts a producer, for a
+    multiprocessing (``remote=False``) or server-client loader: what its ``__iter__``,
+    ``__next__``, ``_collate_fn`` and ``__del__`` read.
+
+    Why here: GLT's ``DistLoader`` takes no producer class, so the loader does its own
+    ``__init__`` branch (see :mod:`healthkit_glt._loader`) and must leave the same private
+    flags behind; :func:`self_check` checks that GLT's ``__init__`` still sets them.
+    """
+    from graphlearn_torch.utils import get_available_device
+
+    loader.data = data
+    loader.input_data = input_data
+    for name in _CONFIG_FIELDS:
+        setattr(loader, name, getattr(config, name))
+    loader.sampling_config = config
+    loader.to_device = get_available_device(to_device)
+    loader.worker_options = worker_options
+    loader._is_collocated_worker = False
+    loader._is_mp_worker = not remote
+    loader._is_remote_worker = remote
+    loader._num_recv = 0
+    loader._epoch = 0
+    loader._with_channel = True
+
+
 def set_loader_partitions(
     loader: Any, num_partitions: int, partition_idx: int, ntypes: Any, etypes: Any
 ) -> None:
@@ -323,7 +366,7 @@ KNOWN_BUILDS = {
     "0.2.4+git26fe3d4": "upstream main built from source, torch 2.8",
 }
 
-#: The private flags of GLT's loader that the loader sets (or reads) itself.
+#: The private flags of GLT's loader that :func:`init_loader_state` and the loader set.
 _LOADER_FLAGS = (
     "_is_collocated_worker", "_is_mp_worker", "_is_remote_worker", "_num_recv", "_epoch",
     "_with_channel", "_shutdowned", "_channel", "_mp_producer", "_input_len", "_input_type",
