@@ -63,6 +63,7 @@ __all__ = [
     "set_server_context",
     "set_worker_ranks",
     "set_worker_signal_handlers",
+    "sysv_shm_rows",
 ]
 
 logger = logging.getLogger("healthkit.glt")
@@ -120,19 +121,29 @@ def channel_shmid(channel: ChannelBase) -> int | None:
         return None
 
 
+def sysv_shm_rows() -> list[dict[str, str]]:
+    """Every SysV shared-memory segment, as ``/proc/sysvipc/shm`` lists it (column: value).
+
+    The one reader of that file (the channel's segment here, and tests/glt's leak checks).
+    Raises OSError when it cannot be read.
+    """
+    with open("/proc/sysvipc/shm") as f:
+        header = f.readline().split()
+        return [dict(zip(header, line.split(), strict=False)) for line in f]
+
+
+def _segment(shmid: int) -> dict[str, str] | None:
+    """The segment's row (None: it is gone, or the file cannot be read)."""
+    try:
+        return next((r for r in sysv_shm_rows() if int(r["shmid"]) == shmid), None)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _nattch(shmid: int) -> int | None:
     """How many mappings the segment has (None: it is gone)."""
-    try:
-        with open("/proc/sysvipc/shm") as f:
-            header = f.readline().split()
-            col_id, col_n = header.index("shmid"), header.index("nattch")
-            for line in f:
-                fields = line.split()
-                if int(fields[col_id]) == shmid:
-                    return int(fields[col_n])
-    except (OSError, ValueError):
-        return None
-    return None
+    row = _segment(shmid)
+    return None if row is None else int(row["nattch"])
 
 
 class _ReleasedQueue:
@@ -243,17 +254,8 @@ class RingSegment:
 
 def _removal_pending(shmid: int) -> bool | None:
     """Whether the segment is marked for removal (``SHM_DEST`` in its mode); None: gone."""
-    try:
-        with open("/proc/sysvipc/shm") as f:
-            header = f.readline().split()
-            col_id, col_perms = header.index("shmid"), header.index("perms")
-            for line in f:
-                fields = line.split()
-                if int(fields[col_id]) == shmid:
-                    return bool(int(fields[col_perms], 8) & 0o1000)
-    except (OSError, ValueError):
-        return None
-    return None
+    row = _segment(shmid)
+    return None if row is None else bool(int(row["perms"], 8) & 0o1000)
 
 
 # ---------------------------------------------------------------------- server slot
