@@ -72,7 +72,28 @@ WorkerLoop = Callable[["SamplingWorkerContext"], None]
 """A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
-class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+class _WrappedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+    """A channel that wraps another's ``send()`` and forwards everything else to it."""
+
+    def __init__(self, channel: Any) -> None:
+        if not callable(getattr(channel, "send", None)):
+            raise InvalidArgumentTypeError(
+                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
+            )
+        self.channel = channel
+
+    def recv(self, **kwargs: Any) -> Any:
+        return self.channel.recv(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            channel = self.__dict__["channel"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(channel, name)
+
+
+class SerializedSendChannel(_WrappedSendChannel):
     """A channel whose ``send()`` holds a lock shared by every sampling worker of a producer.
 
     Why: GLT 0.2.4's ``ShmChannel`` is not safe for concurrent writers. A writer claims a
@@ -88,35 +109,21 @@ class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no ty
     """
 
     def __init__(self, channel: Any, lock: Any) -> None:
-        if not callable(getattr(channel, "send", None)):
-            raise InvalidArgumentTypeError(
-                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
-            )
+        super().__init__(channel)
         if not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
             raise InvalidArgumentTypeError(
                 f"lock must be a lock (multiprocessing's, shared with the other workers), got "
                 f"{lock!r}",
                 "lock",
             )
-        self.channel = channel
         self.lock = lock
 
     def send(self, msg: Any, **kwargs: Any) -> None:
         with self.lock:
             self.channel.send(msg, **kwargs)
 
-    def recv(self, **kwargs: Any) -> Any:
-        return self.channel.recv(**kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            channel = self.__dict__["channel"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(channel, name)
-
-
-class BeatingSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+class BeatingSendChannel(_WrappedSendChannel):
     """A channel whose every completed ``send()`` beats the worker's heartbeat: one sampled
     message handed to the loader is the progress the producer's stall watch waits for.
 
@@ -124,30 +131,16 @@ class BeatingSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
     """
 
     def __init__(self, channel: Any, heartbeat: Heartbeat) -> None:
-        if not callable(getattr(channel, "send", None)):
-            raise InvalidArgumentTypeError(
-                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
-            )
+        super().__init__(channel)
         if not isinstance(heartbeat, Heartbeat):
             raise InvalidArgumentTypeError(
                 f"heartbeat must be a healthkit.Heartbeat, got {heartbeat!r}", "heartbeat"
             )
-        self.channel = channel
         self.heartbeat = heartbeat
 
     def send(self, msg: Any, **kwargs: Any) -> None:
         self.channel.send(msg, **kwargs)
         self.heartbeat.beat()
-
-    def recv(self, **kwargs: Any) -> Any:
-        return self.channel.recv(**kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            channel = self.__dict__["channel"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(channel, name)
 
 
 def create_dist_sampler(
