@@ -983,6 +983,56 @@ def test_this_glt_build_writes_the_ring_layout_the_ring_reader_checks(
     gc.collect()
 
 
+def test_this_glt_build_has_every_internal_the_adapter_touches_and_passes_the_check_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The import-time self-check on the installed build (0.2.4 or 26fe3d4): known, every
+    GLT private in ``_compat.REQUIRED`` present (module globals, methods, and the instance
+    attributes GLT's ``__init__`` assigns), no warning."""
+    from healthkit_glt import _compat
+
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
+        _compat.self_check()
+    assert caplog.text == ""
+    assert hg.glt_version() in _compat.KNOWN_BUILDS
+
+
+def test_a_glt_build_the_adapter_does_not_know_gets_a_warning_that_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Same internals, unknown version: the import goes on, with a warning naming the build,
+    the tested ones and what to do."""
+    from healthkit_glt import _compat
+
+    with caplog.at_level("WARNING", logger="healthkit.glt"):
+        _compat.self_check(version="0.3.0")
+    assert "graphlearn-torch 0.3.0 is not a build healthkit_glt was tested with" in caplog.text
+    assert "0.2.4+git26fe3d4" in caplog.text and "run tests/glt" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "named"),
+    [
+        (None, "_no_such_slot", "graphlearn_torch.distributed.dist_server._no_such_slot"),
+        ("DistServer", "_no_such_pool", "graphlearn_torch.distributed.dist_server.DistServer."
+         "_no_such_pool"),
+    ],
+)  # fmt: skip
+def test_a_glt_build_that_lacks_an_internal_fails_the_check_naming_it(
+    owner: str | None, name: str, named: str
+) -> None:
+    """A module global or an instance attribute GLT's ``__init__`` no longer assigns: the
+    check raises ImportError naming the build, the missing name and what to do."""
+    from healthkit_glt import _compat
+
+    required = (*_compat.REQUIRED, ("graphlearn_torch.distributed.dist_server", owner, name))
+    with pytest.raises(ImportError) as err:
+        _compat.self_check(version="0.3.0", required=required)
+    text = str(err.value)
+    assert f"graphlearn-torch 0.3.0 lacks {named}, which" in text, text
+    assert "install a tested build" in text and "port _compat.py" in text, text
+
+
 # --- a real OOM kill of a sampling worker (issue: the producer's diagnoser came too late) ----
 
 

@@ -16,6 +16,15 @@ here:
 
 And the channel's SysV segment, whose life only GLT's C++ destructor ends
 (:class:`RingSegment`).
+
+This is also the one module that touches GLT's internals (and the two torch privates GLT's
+own worker loop uses): the ring layout, the channel's ``_queue`` swap, the server slot
+(``_dist_server``) and ``_set_server_context``, the loader's private flags
+(:func:`init_loader_state`), ``_set_worker_ranks``, ``_set_ntypes_and_etypes``,
+``_collate_fn``, ``_get_seeds_indexes``, and the producer pools of GLT's ``DistServer`` that
+:class:`healthkit_glt.DistServer` extends. :func:`self_check` runs at import: a build that
+lacks one of them fails the import with what is missing, and a build not in
+:data:`KNOWN_BUILDS` gets a warning that names it (docs/glt.md, "Supported versions").
 """
 
 from __future__ import annotations
@@ -39,7 +48,23 @@ try:
 except Exception as e:  # ImportError, or GLT's RuntimeError on a torch it was not built for
     raise stack_error(e) from e
 
-__all__ = ["RingSegment", "glt_build", "glt_version"]
+__all__ = [
+    "KNOWN_BUILDS",
+    "RingSegment",
+    "collate",
+    "glt_build",
+    "glt_version",
+    "init_loader_state",
+    "install_server",
+    "seeds_indexes",
+    "self_check",
+    "set_loader_partitions",
+    "set_rpc_timeout",
+    "set_server_context",
+    "set_worker_ranks",
+    "set_worker_signal_handlers",
+    "sysv_shm_rows",
+]
 
 logger = logging.getLogger("healthkit.glt")
 
@@ -96,19 +121,29 @@ def channel_shmid(channel: ChannelBase) -> int | None:
         return None
 
 
+def sysv_shm_rows() -> list[dict[str, str]]:
+    """Every SysV shared-memory segment, as ``/proc/sysvipc/shm`` lists it (column: value).
+
+    The one reader of that file (the channel's segment here, and tests/glt's leak checks).
+    Raises OSError when it cannot be read.
+    """
+    with open("/proc/sysvipc/shm") as f:
+        header = f.readline().split()
+        return [dict(zip(header, line.split(), strict=False)) for line in f]
+
+
+def _segment(shmid: int) -> dict[str, str] | None:
+    """The segment's row (None: it is gone, or the file cannot be read)."""
+    try:
+        return next((r for r in sysv_shm_rows() if int(r["shmid"]) == shmid), None)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _nattch(shmid: int) -> int | None:
     """How many mappings the segment has (None: it is gone)."""
-    try:
-        with open("/proc/sysvipc/shm") as f:
-            header = f.readline().split()
-            col_id, col_n = header.index("shmid"), header.index("nattch")
-            for line in f:
-                fields = line.split()
-                if int(fields[col_id]) == shmid:
-                    return int(fields[col_n])
-    except (OSError, ValueError):
-        return None
-    return None
+    row = _segment(shmid)
+    return None if row is None else int(row["nattch"])
 
 
 class _ReleasedQueue:
@@ -219,14 +254,198 @@ class RingSegment:
 
 def _removal_pending(shmid: int) -> bool | None:
     """Whether the segment is marked for removal (``SHM_DEST`` in its mode); None: gone."""
+    row = _segment(shmid)
+    return None if row is None else bool(int(row["perms"], 8) & 0o1000)
+
+
+# ---------------------------------------------------------------------- server slot
+def set_server_context(
+    num_servers: int, server_rank: int, group_name: str | None, num_clients: int
+) -> None:
+    """GLT's private ``_set_server_context`` (what its ``init_server`` calls first): the
+    server's ``DistServer.__init__`` reads the context it sets."""
+    from graphlearn_torch.distributed.dist_context import _set_server_context
+
+    _set_server_context(num_servers, server_rank, group_name, num_clients)
+
+
+def install_server(server: Any) -> None:
+    """Put ``server`` in the module global that GLT's ``get_server()`` and
+    ``wait_and_shutdown_server()`` read (GLT's ``init_server`` has no parameter for it)."""
+    from graphlearn_torch.distributed import dist_server
+
+    dist_server._dist_server = server
+
+
+# ---------------------------------------------------------------------- loader state
+#: The ``SamplingConfig`` fields ``DistLoader.__init__`` copies onto the loader.
+_CONFIG_FIELDS = (
+    "sampling_type", "num_neighbors", "batch_size", "shuffle", "drop_last", "with_edge",
+    "with_weight", "collect_features", "edge_dir",
+)  # fmt: skip
+
+
+def init_loader_state(
+    loader: Any,
+    *,
+    data: Any,
+    input_data: Any,
+    config: Any,
+    to_device: Any,
+    worker_options: Any,
+    remote: bool,
+) -> None:
+    """The state GLT's ``DistLoader.__init__`` sets before it starts a producer, for a
+    multiprocessing (``remote=False``) or server-client loader: what its ``__iter__``,
+    ``__next__``, ``_collate_fn`` and ``__del__`` read.
+
+    Why here: GLT's ``DistLoader`` takes no producer class, so the loader does its own
+    ``__init__`` branch (see :mod:`healthkit_glt._loader`) and must leave the same private
+    flags behind; :func:`self_check` checks that GLT's ``__init__`` still sets them.
+    """
+    from graphlearn_torch.utils import get_available_device
+
+    loader.data = data
+    loader.input_data = input_data
+    for name in _CONFIG_FIELDS:
+        setattr(loader, name, getattr(config, name))
+    loader.sampling_config = config
+    loader.to_device = get_available_device(to_device)
+    loader.worker_options = worker_options
+    loader._is_collocated_worker = False
+    loader._is_mp_worker = not remote
+    loader._is_remote_worker = remote
+    loader._num_recv = 0
+    loader._epoch = 0
+    loader._with_channel = True
+
+
+def set_loader_partitions(
+    loader: Any, num_partitions: int, partition_idx: int, ntypes: Any, etypes: Any
+) -> None:
+    """The dataset's partitioning and types on the loader, as ``DistLoader.__init__`` sets them."""
+    loader.num_data_partitions = num_partitions
+    loader.data_partition_idx = partition_idx
+    loader._set_ntypes_and_etypes(ntypes, etypes)
+
+
+def set_worker_ranks(worker_options: Any, ctx: Any) -> None:
+    """``MpDistSamplingWorkerOptions._set_worker_ranks``: the workers' RPC ranks from the
+    current distributed context (GLT's loader calls it before building the producer)."""
+    worker_options._set_worker_ranks(ctx)
+
+
+def collate(loader: Any, msg: Any) -> Any:
+    """GLT's ``DistLoader._collate_fn``: a sampled message as the batch the loader yields."""
+    return loader._collate_fn(msg)
+
+
+def seeds_indexes(producer: Any) -> list[Any]:
+    """``DistMpSamplingProducer._get_seeds_indexes``: each worker's unshuffled seed indexes."""
+    indexes: list[Any] = producer._get_seeds_indexes()
+    return indexes
+
+
+# ---------------------------------------------------------------------- torch privates
+def set_rpc_timeout(seconds: float) -> None:
+    """torch's ``rpc._set_rpc_timeout``, the only setter of the default RPC timeout."""
+    from torch.distributed import rpc
+
+    rpc._set_rpc_timeout(seconds)  # type: ignore[attr-defined,unused-ignore]
+
+
+def set_worker_signal_handlers() -> None:
+    """torch's DataLoader worker handlers, as GLT's worker loop installs them."""
+    from torch._C import _set_worker_signal_handlers
+
+    _set_worker_signal_handlers()
+
+
+# ---------------------------------------------------------------------- self-check
+#: The builds this module was checked against (tests/glt runs on both).
+KNOWN_BUILDS = {
+    "0.2.4": "PyPI release, torch 2.3",
+    "0.2.4+git26fe3d4": "upstream main built from source, torch 2.8",
+}
+
+#: The private flags of GLT's loader that :func:`init_loader_state` and the loader set.
+_LOADER_FLAGS = (
+    "_is_collocated_worker", "_is_mp_worker", "_is_remote_worker", "_num_recv", "_epoch",
+    "_with_channel", "_shutdowned", "_channel", "_mp_producer", "_input_len", "_input_type",
+    "_num_expected", "_server_rank_list", "_producer_id_list",
+)  # fmt: skip
+#: The producer pools of GLT's ``DistServer`` that :class:`healthkit_glt.DistServer` fills.
+_SERVER_POOLS = (
+    "_lock", "_worker_key2producer_id", "_cur_producer_idx", "_producer_pool",
+    "_msg_buffer_pool", "_epoch",
+)  # fmt: skip
+_DIST = "graphlearn_torch.distributed"
+
+#: Every GLT (and torch) private this package uses: (module, object or None, name). With
+#: an object, ``name`` is an attribute of it, or a name its ``__init__`` assigns (the
+#: instance attributes GLT sets there: the loader's flags, the server's producer pools).
+REQUIRED: tuple[tuple[str, str | None, str], ...] = (
+    ("graphlearn_torch.channel", "ShmChannel", "_queue"),
+    (f"{_DIST}.dist_server", None, "_dist_server"),
+    (f"{_DIST}.dist_context", None, "_set_server_context"),
+    (_DIST, "MpDistSamplingWorkerOptions", "_set_worker_ranks"),
+    (_DIST, "DistLoader", "_set_ntypes_and_etypes"),
+    (_DIST, "DistLoader", "_collate_fn"),
+    *((_DIST, "DistLoader", flag) for flag in _LOADER_FLAGS),
+    (_DIST, "DistMpSamplingProducer", "_get_seeds_indexes"),
+    *((_DIST, "DistServer", pool) for pool in _SERVER_POOLS),
+    ("torch.distributed.rpc", None, "_set_rpc_timeout"),
+    ("torch._C", None, "_set_worker_signal_handlers"),
+)
+
+
+def _has(module: str, owner: str | None, name: str) -> bool:
     try:
-        with open("/proc/sysvipc/shm") as f:
-            header = f.readline().split()
-            col_id, col_perms = header.index("shmid"), header.index("perms")
-            for line in f:
-                fields = line.split()
-                if int(fields[col_id]) == shmid:
-                    return bool(int(fields[col_perms], 8) & 0o1000)
-    except (OSError, ValueError):
-        return None
-    return None
+        mod = importlib.import_module(module)
+    except ImportError:
+        return False
+    if owner is None:
+        return hasattr(mod, name)
+    obj = getattr(mod, owner, None)
+    if obj is None:
+        return False
+    if hasattr(obj, name):
+        return True
+    init = getattr(obj, "__init__", None)
+    code = getattr(init, "__code__", None)
+    return code is not None and name in code.co_names
+
+
+def self_check(
+    version: str | None = None,
+    required: tuple[tuple[str, str | None, str], ...] = REQUIRED,
+) -> None:
+    """Check that the installed graphlearn-torch has every internal this module touches.
+
+    Raises ImportError naming the build and what it lacks; logs a warning when the build is
+    not one of :data:`KNOWN_BUILDS` but has them all (the ring reader still checks the ring
+    layout itself at ``init()``). Cheap: attribute look-ups on modules already imported.
+    """
+    version = glt_version() if version is None else version
+    tested = "; ".join(f"{v} ({what})" for v, what in KNOWN_BUILDS.items())
+    missing = [
+        f"{module}.{owner}.{name}" if owner else f"{module}.{name}"
+        for module, owner, name in required
+        if not _has(module, owner, name)
+    ]
+    if missing:
+        raise ImportError(
+            f"healthkit_glt: graphlearn-torch {version} lacks {', '.join(missing)}, which "
+            "healthkit_glt adapts (healthkit_glt/_compat.py); install a tested build "
+            f"({tested}; docs/glt.md, 'Supported versions'), or port _compat.py to this one"
+        )
+    if version not in KNOWN_BUILDS:
+        logger.warning(
+            "healthkit_glt: graphlearn-torch %s is not a build healthkit_glt was tested with "
+            "(%s); the internals it adapts are present, but run tests/glt on this build "
+            "before relying on it, or install a tested one (docs/glt.md, 'Supported "
+            "versions')", version, tested,
+        )  # fmt: skip
+
+
+self_check()

@@ -5,7 +5,9 @@ takes no producer class or factory; its multiprocessing branch constructs
 ``DistMpSamplingProducer`` by module-global name and calls ``init()`` inside ``__init__``.
 The only ways to use another producer are monkeypatching that global (which changes every
 loader in the process) or not calling ``DistLoader.__init__`` and doing its mp branch here,
-which is what GiGL does too. The remote (server-client) branch is repeated too, with
+which is what GiGL does too; the state GLT's ``__init__`` leaves on the loader (private
+flags included) is set by one helper, :func:`healthkit_glt._compat.init_loader_state`, for
+both branches. The remote (server-client) branch is repeated too, with
 :mod:`healthkit_glt._remote` in place of GLT's receiving channel and the server-side
 functions of :mod:`healthkit_glt._server`. Collocated worker options go to GLT's own
 ``__init__`` unchanged.
@@ -34,10 +36,15 @@ from graphlearn_torch.sampler import (
     SamplingType,
 )
 from graphlearn_torch.typing import Split
-from graphlearn_torch.utils import get_available_device
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
 from healthkit.lowlevel import check_bound
+from healthkit_glt._compat import (
+    collate,
+    init_loader_state,
+    set_loader_partitions,
+    set_worker_ranks,
+)
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
@@ -115,14 +122,14 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
             DistSamplingProducer if self._remote else producer_cls,
         )
         self._healthkit = self._remote or isinstance(worker_options, MpDistSamplingWorkerOptions)
+        config = SamplingConfig(
+            SamplingType.NODE, num_neighbors, batch_size, shuffle, drop_last, with_edge,
+            collect_features, with_neg=False, with_weight=with_weight, edge_dir=edge_dir,
+            seed=random_seed,
+        )  # fmt: skip
         if self._remote:
             hellos, stock = _probe_servers(worker_options)
             if not stock:
-                config = SamplingConfig(
-                    SamplingType.NODE, num_neighbors, batch_size, shuffle, drop_last,
-                    with_edge, collect_features, with_neg=False, with_weight=with_weight,
-                    edge_dir=edge_dir, seed=random_seed,
-                )  # fmt: skip
                 self._init_remote(
                     input_nodes, config, to_device, worker_options, producer_kwargs, hellos
                 )
@@ -158,11 +165,6 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
             return
         input_type, seeds = input_nodes if isinstance(input_nodes, tuple) else (None, input_nodes)
         input_data = NodeSamplerInput(node=seeds, input_type=input_type)
-        config = SamplingConfig(
-            SamplingType.NODE, num_neighbors, batch_size, shuffle, drop_last, with_edge,
-            collect_features, with_neg=False, with_weight=with_weight, edge_dir=edge_dir,
-            seed=random_seed,
-        )  # fmt: skip
         self._init_mp(data, input_data, config, to_device, worker_options, producer_cls,
                       producer_kwargs)  # fmt: skip
 
@@ -177,34 +179,20 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         producer_kwargs: dict[str, Any],
     ) -> None:
         """GLT's ``DistLoader.__init__`` multiprocessing branch, with our producer."""
-        self.data = data
-        self.input_data = input_data
-        self.sampling_type = config.sampling_type
-        self.num_neighbors = config.num_neighbors
-        self.batch_size = config.batch_size
-        self.shuffle = config.shuffle
-        self.drop_last = config.drop_last
-        self.with_edge = config.with_edge
-        self.with_weight = config.with_weight
-        self.collect_features = config.collect_features
-        self.edge_dir = config.edge_dir
-        self.sampling_config = config
-        self.to_device = get_available_device(to_device)
-        self.worker_options = worker_options
-        self._is_collocated_worker = False
-        self._is_mp_worker = True
-        self._is_remote_worker = False
+        init_loader_state(
+            self, data=data, input_data=input_data, config=config, to_device=to_device,
+            worker_options=worker_options, remote=False,
+        )  # fmt: skip
         if data is None:
             raise InvalidArgumentError(
                 f"'{type(self).__name__}': data is None; multiprocessing sampling workers "
                 "need the dataset (pass data=)",
                 "data",
             )
-        self.num_data_partitions = data.num_partitions
-        self.data_partition_idx = data.partition_idx
-        self._set_ntypes_and_etypes(data.get_node_types(), data.get_edge_types())
-        self._num_recv = 0
-        self._epoch = 0
+        set_loader_partitions(
+            self, data.num_partitions, data.partition_idx, data.get_node_types(),
+            data.get_edge_types(),
+        )  # fmt: skip
         ctx = get_context()
         if ctx is None:
             raise RuntimeError(
@@ -221,8 +209,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._num_expected = self._input_len // self.batch_size
         if not self.drop_last and self._input_len % self.batch_size != 0:
             self._num_expected += 1
-        self._with_channel = True
-        worker_options._set_worker_ranks(ctx)
+        set_worker_ranks(worker_options, ctx)
         self._channel = ShmChannel(worker_options.channel_capacity, worker_options.channel_size)
         if worker_options.pin_memory:
             self._channel.pin_memory()
@@ -254,24 +241,10 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         self._links: list[ServerLink] = []
         self._producer_id_list: list[int] = []
         self._remote_failure: RemoteSamplingError | None = None
-        self.data = None
-        self.sampling_type = config.sampling_type
-        self.num_neighbors = config.num_neighbors
-        self.batch_size = config.batch_size
-        self.shuffle = config.shuffle
-        self.drop_last = config.drop_last
-        self.with_edge = config.with_edge
-        self.with_weight = config.with_weight
-        self.collect_features = config.collect_features
-        self.edge_dir = config.edge_dir
-        self.sampling_config = config
-        self.to_device = get_available_device(to_device)
-        self.worker_options = worker_options
-        self._is_collocated_worker = False
-        self._is_mp_worker = False
-        self._is_remote_worker = True
-        self._num_recv = 0
-        self._epoch = 0
+        init_loader_state(
+            self, data=None, input_data=None, config=config, to_device=to_device,
+            worker_options=worker_options, remote=True,
+        )  # fmt: skip
         ctx = get_context()
         if ctx is None or not ctx.is_client():
             raise RuntimeError(
@@ -279,7 +252,6 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
                 "process (call graphlearn_torch.distributed.init_client first)"
             )
         self._num_expected = float("inf")  # the servers say when an epoch ends
-        self._with_channel = True
         servers = worker_options.server_rank
         self._server_rank_list = list(servers) if isinstance(servers, list) else [servers]
         inputs = _remote_inputs(input_nodes, len(self._server_rank_list))
@@ -316,8 +288,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
 
         first = self._links[0]
         meta = _await_rpc(first, first.call(_call_server_method, _GLTDistServer.get_dataset_meta))
-        self.num_data_partitions, self.data_partition_idx, ntypes, etypes = meta
-        self._set_ntypes_and_etypes(ntypes, etypes)
+        set_loader_partitions(self, *meta)
         futures = [  # in parallel, as GLT: each server starts its workers at once
             link.call(
                 serve_create, link.lease.token, inp, config, worker_options, producer_kwargs,
@@ -385,7 +356,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         if self._num_recv == self._num_expected:
             raise StopIteration
         msg = self._channel.recv() if self._remote else self._mp_producer.recv()
-        result = self._collate_fn(msg)
+        result = collate(self, msg)
         self._num_recv += 1
         return result
 

@@ -78,7 +78,7 @@ from healthkit.lowlevel import (
     renamed_argument,
 )
 from healthkit.lowlevel import Verdict as Verdict
-from healthkit_glt._compat import RingSegment
+from healthkit_glt._compat import RingSegment, seeds_indexes
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
     TimeoutPlan,
@@ -471,7 +471,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self.sampling_config.seed is not None:
             seed_everything(self.sampling_config.seed)
         if not self.sampling_config.shuffle:
-            unshuffled: list[Any] = self._get_seeds_indexes()
+            unshuffled: list[Any] = seeds_indexes(self)
         else:
             unshuffled = [None] * self.num_workers
         plan = self.timeouts

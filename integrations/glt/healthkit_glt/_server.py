@@ -46,6 +46,7 @@ from healthkit.lowlevel import (
     check_seconds,
     renamed_argument,
 )
+from healthkit_glt._compat import install_server, set_server_context
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import (
@@ -504,18 +505,16 @@ def init_server(
         )
     check_bool(is_dynamic, "is_dynamic")
     _check_server_arguments(producer_kwargs, connection_timeout, lease_host, lease_bind)
-    from graphlearn_torch.distributed import dist_server as glt_server
-    from graphlearn_torch.distributed.dist_context import _set_server_context
     from graphlearn_torch.distributed.rpc import init_rpc
 
     if server_group_name:
         server_group_name = server_group_name.replace("-", "_")
-    _set_server_context(num_servers, server_rank, server_group_name, num_clients)
+    set_server_context(num_servers, server_rank, server_group_name, num_clients)
     server = DistServer(
         dataset, producer_kwargs=producer_kwargs, connection_timeout=connection_timeout,
         lease_host=lease_host, lease_bind=lease_bind,
     )  # fmt: skip
-    glt_server._dist_server = server  # the slot GLT's get_server() reads
+    install_server(server)  # the slot GLT's get_server() reads
     try:
         init_rpc(master_addr, master_port, num_rpc_threads, request_timeout, is_dynamic=is_dynamic)
     except BaseException:

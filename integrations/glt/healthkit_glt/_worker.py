@@ -26,6 +26,7 @@ from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier, Heartbeat, InvalidArgumentTypeError
 from healthkit.lowlevel import check_bound, check_int, die_with_parent, flush_logging
+from healthkit_glt._compat import set_rpc_timeout, set_worker_signal_handlers
 
 __all__ = [
     "SamplerFactory",
@@ -71,7 +72,28 @@ WorkerLoop = Callable[["SamplingWorkerContext"], None]
 """A worker's whole life. Pickled to the spawned worker (module-level function)."""
 
 
-class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+class _WrappedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+    """A channel that wraps another's ``send()`` and forwards everything else to it."""
+
+    def __init__(self, channel: Any) -> None:
+        if not callable(getattr(channel, "send", None)):
+            raise InvalidArgumentTypeError(
+                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
+            )
+        self.channel = channel
+
+    def recv(self, **kwargs: Any) -> Any:
+        return self.channel.recv(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            channel = self.__dict__["channel"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(channel, name)
+
+
+class SerializedSendChannel(_WrappedSendChannel):
     """A channel whose ``send()`` holds a lock shared by every sampling worker of a producer.
 
     Why: GLT 0.2.4's ``ShmChannel`` is not safe for concurrent writers. A writer claims a
@@ -87,35 +109,21 @@ class SerializedSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no ty
     """
 
     def __init__(self, channel: Any, lock: Any) -> None:
-        if not callable(getattr(channel, "send", None)):
-            raise InvalidArgumentTypeError(
-                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
-            )
+        super().__init__(channel)
         if not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
             raise InvalidArgumentTypeError(
                 f"lock must be a lock (multiprocessing's, shared with the other workers), got "
                 f"{lock!r}",
                 "lock",
             )
-        self.channel = channel
         self.lock = lock
 
     def send(self, msg: Any, **kwargs: Any) -> None:
         with self.lock:
             self.channel.send(msg, **kwargs)
 
-    def recv(self, **kwargs: Any) -> Any:
-        return self.channel.recv(**kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            channel = self.__dict__["channel"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(channel, name)
-
-
-class BeatingSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
+class BeatingSendChannel(_WrappedSendChannel):
     """A channel whose every completed ``send()`` beats the worker's heartbeat: one sampled
     message handed to the loader is the progress the producer's stall watch waits for.
 
@@ -123,30 +131,16 @@ class BeatingSendChannel(ChannelBase):  # type: ignore[misc]  # GLT has no types
     """
 
     def __init__(self, channel: Any, heartbeat: Heartbeat) -> None:
-        if not callable(getattr(channel, "send", None)):
-            raise InvalidArgumentTypeError(
-                f"channel must be a GLT channel (with send()), got {channel!r}", "channel"
-            )
+        super().__init__(channel)
         if not isinstance(heartbeat, Heartbeat):
             raise InvalidArgumentTypeError(
                 f"heartbeat must be a healthkit.Heartbeat, got {heartbeat!r}", "heartbeat"
             )
-        self.channel = channel
         self.heartbeat = heartbeat
 
     def send(self, msg: Any, **kwargs: Any) -> None:
         self.channel.send(msg, **kwargs)
         self.heartbeat.beat()
-
-    def recv(self, **kwargs: Any) -> Any:
-        return self.channel.recv(**kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            channel = self.__dict__["channel"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(channel, name)
 
 
 def create_dist_sampler(
@@ -317,7 +311,6 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
     import torch
     from graphlearn_torch.distributed import init_rpc, init_worker_group
     from graphlearn_torch.utils import ensure_device
-    from torch._C import _set_worker_signal_handlers
 
     opts = ctx.worker_options
     init_worker_group(
@@ -338,7 +331,7 @@ def init_sampling_worker(ctx: SamplingWorkerContext) -> None:
     )
     ensure_device(opts.worker_devices[ctx.rank])
     # torch's DataLoader worker handlers: a SIGTERM from the parent makes the worker exit 0.
-    _set_worker_signal_handlers()
+    set_worker_signal_handlers()
     torch.set_num_threads(num_rpc_threads + 1)
     init_rpc(
         master_addr=opts.master_addr,
@@ -395,7 +388,7 @@ def narrow_rpc_timeout(rank: int, bringup: float, steady: float) -> float:
     if steady == bringup:
         logger.debug("sampling worker %d: RPC timeout stays %gs (bring-up == steady)", rank, steady)
         return float(get_timeout())
-    rpc._set_rpc_timeout(float(steady))  # type: ignore[attr-defined,unused-ignore]
+    set_rpc_timeout(float(steady))
     now = float(get_timeout())
     logger.info(
         "sampling worker %d past the init barrier; RPC request timeout narrowed from %gs "
