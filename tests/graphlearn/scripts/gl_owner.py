@@ -71,18 +71,22 @@ def _sample_main(gl: Any, graph: Any, cluster: dict[str, Any], n: int) -> list[l
     return [row for i in range(n) for row in sampler.get([i % 100, (i + 1) % 100]).ids.tolist()]
 
 
-def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) -> dict[str, Any]:
+def _negative_samples(
+    gl: Any, graph: Any, cluster: dict[str, Any], workers: int, length: int, timed: bool
+) -> Any:
+    """A dataset whose DataLoader workers each open their own GL client lazily, as tzrec's
+    sampler does; ``timed``: each sampling call is one the rank times (server_call)."""
+    import contextlib
+
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import Dataset
 
     class NegativeSamples(Dataset[Any]):
-        """Each worker opens its own GL client lazily, as tzrec's sampler does."""
-
         def __init__(self) -> None:
             self.sampler: Any = None
 
         def __len__(self) -> int:
-            return 8
+            return length
 
         def __getitem__(self, i: int) -> Any:
             if self.sampler is None:
@@ -92,12 +96,20 @@ def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) 
                 self.sampler = graph.negative_sampler(
                     gl_harness.NODE_TYPE, EXPAND, strategy="node_weight"
                 )
-            ids = self.sampler.get([i % 100]).ids.reshape(-1)
+            with hkgl.server_call() if timed else contextlib.nullcontext():
+                ids = self.sampler.get([i % 100]).ids.reshape(-1)
             return torch.as_tensor(ids), torch.tensor(os.getpid())
 
+    return NegativeSamples()
+
+
+def _sample_workers(gl: Any, graph: Any, cluster: dict[str, Any], workers: int) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    samples = _negative_samples(gl, graph, cluster, workers, 8, timed=False)
     pids: set[int] = set()
     ids: list[int] = []
-    for batch_ids, batch_pids in DataLoader(NegativeSamples(), batch_size=2, num_workers=workers):
+    for batch_ids, batch_pids in DataLoader(samples, batch_size=2, num_workers=workers):
         ids += batch_ids.reshape(-1).tolist()
         pids.update(batch_pids.tolist())
     return {"ids": ids, "client_pids": sorted(pids)}
@@ -107,33 +119,14 @@ def _stall(args: Any, gl: Any, graph: Any, cluster: dict[str, Any]) -> int:
     import signal
     import threading
 
-    import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader
 
     workers, T = args.workers, args.stall_timeout
     server = hkgl.launch_sampler_server(graph, cluster, 0, mode=args.mode, stall_timeout=T)
     assert server is not None
 
-    class NegativeSamples(Dataset[Any]):
-        def __init__(self) -> None:
-            self.sampler: Any = None
-
-        def __len__(self) -> int:
-            return 100_000
-
-        def __getitem__(self, i: int) -> Any:
-            if self.sampler is None:
-                gl.set_tracker_mode(0)
-                task = hkgl.client_task_index(num_client_per_rank=workers)
-                graph.init(task_index=task, job_name="client", cluster=cluster)
-                self.sampler = graph.negative_sampler(
-                    gl_harness.NODE_TYPE, EXPAND, strategy="node_weight"
-                )
-            with hkgl.server_call():  # the call the rank times
-                ids = self.sampler.get([i % 100]).ids.reshape(-1)
-            return torch.as_tensor(ids), torch.tensor(os.getpid())
-
-    loader = DataLoader(NegativeSamples(), batch_size=2, num_workers=workers)
+    samples = _negative_samples(gl, graph, cluster, workers, 100_000, timed=True)
+    loader = DataLoader(samples, batch_size=2, num_workers=workers)
     batches = iter(loader)
     pids = {int(p) for _ in range(2 * workers) for p in next(batches)[1].tolist()}
     print("WORKERS " + " ".join(map(str, sorted(pids))), flush=True)
