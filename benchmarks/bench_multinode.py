@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from multinode import Job, memory_cgroup, remove_cgroup, root_cause  # noqa: E402
+from multinode import Job, root_cause  # noqa: E402
+from testutil import NoMemoryCgroup, memory_cgroup, remove_cgroup  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "multinode.json"
 
@@ -63,9 +64,10 @@ def one_run(variant: str, phase: str, hung_after: float) -> dict[str, object]:
 
 
 def oom_run(hung_after: float) -> dict[str, object]:
-    cgroup = memory_cgroup(256 << 20)
-    if cgroup is None:
-        return {"skipped": "no memory cgroup (needs root and cgroup v1)"}
+    try:
+        cgroup = memory_cgroup(256 << 20, "rank-oom")
+    except NoMemoryCgroup as e:
+        return {"skipped": f"no memory cgroup: {e}"}
     try:
         job = Job(["--healthkit", "--phase-a", "compute", "--phase-b", "compute",
                    "--rank-oom", "3", "--cgroup", cgroup])  # fmt: skip
