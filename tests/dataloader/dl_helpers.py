@@ -7,8 +7,10 @@ import ctypes
 import mmap
 import os
 import signal
+import sys
 import tempfile
 import time
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -51,11 +53,21 @@ def _oom(cgroup: str) -> None:
         hoard.append(block)
 
 
+def _done_event_lock() -> Any:
+    """The lock of torch's ``done_event`` in this worker's loop (found in its frame)."""
+    frame = sys._getframe()
+    while frame is not None and frame.f_code.co_name != "_worker_loop":
+        frame = frame.f_back  # type: ignore[assignment]
+    assert frame is not None, "not in a DataLoader worker"
+    return frame.f_locals["done_event"]._cond._lock
+
+
 class DiesAt(Slow):
     """Like :class:`Slow`, but the worker that fetches item ``at`` ends as ``how`` says:
     ``exit3``, ``segv`` (a null read in native code), ``bus``, ``raise`` (a Python
     exception: torch re-raises it), ``oom:<cgroup dir>``, ``exit0``, ``kill`` (SIGKILL from
-    inside, as the OOM killer would, with no OOM record)."""
+    inside, as the OOM killer would, with no OOM record), ``kill-holding-done-lock`` (the
+    same while it holds the lock of torch's done event)."""
 
     def __init__(self, at: int, how: str, n: int = 400, delay: float = 0.005) -> None:
         super().__init__(n, delay)
@@ -73,6 +85,9 @@ class DiesAt(Slow):
             if how == "bus":
                 _sigbus()
             if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "kill-holding-done-lock":
+                _done_event_lock().acquire()  # as its is_set() between batches does
                 os.kill(os.getpid(), signal.SIGKILL)
             if how == "raise":
                 raise ValueError(f"bad item {i}")

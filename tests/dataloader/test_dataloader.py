@@ -256,6 +256,29 @@ def test_persistent_workers_are_watched_across_epochs_and_silent_at_their_end(
     gc.collect()
 
 
+@pytest.mark.parametrize("ctx", ["fork", "forkserver"])
+def test_a_worker_killed_holding_the_done_events_lock_does_not_hang_the_shutdown(
+    ctx: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker 0 is SIGKILLed while it holds the lock of torch's workers' done event (each
+    worker takes it between batches): torch's shutdown, whose first step sets that event,
+    would wait for the lock forever (at the iterator's __del__, after the error). The error
+    is raised, and the shutdown ends the other worker by torch's bounded join and terminate.
+    Its twin: a shutdown with every worker alive still sets the real event (workers exit 0)."""
+    it = iter(healthkit_torch.watch(loader(DiesAt(at=5, how="kill-holding-done-lock"), ctx=ctx)))
+    err, _ = raised_by(it)  # ends the iterator; a shutdown that blocked would time out here
+    assert isinstance(err, DataLoaderWorkerError) and "killed by SIGKILL" in str(err), repr(err)
+    assert all(w.exitcode is not None for w in it._workers)
+    assert "held the lock of the workers' done event" in "\n".join(healthkit_records(caplog))
+    del it
+
+    twin = iter(healthkit_torch.watch(loader(ctx=ctx)))
+    next(twin)
+    end(twin)
+    assert [w.exitcode for w in twin._workers] == [0, 0]
+    del twin
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a real OOM kill needs root to make a cgroup")
 def test_a_worker_oom_killed_under_a_memory_limit_is_confirmed_with_its_memory_and_limit(
     tmp_path: Any,

@@ -414,7 +414,41 @@ class _WatchedIterMixin:
         guard = getattr(self, "_hk_guard", None)
         if guard is not None:
             guard.close()  # torch ends the workers now: nothing of that is a failure
+        released = not getattr(self, "_shutdown", True) and _release_done_event(self)
         super()._shutdown_workers()  # type: ignore[misc]
+        if released:
+            for w in getattr(self, "_workers", []):  # older torch terminates them unjoined: reap
+                w.join(_DONE_LOCK_WAIT_S)
+
+
+# How long a shutdown waits for the workers' done event's lock before it takes the event as
+# held by a dead worker: a live worker holds it for microseconds (an is_set() between batches).
+_DONE_LOCK_WAIT_S = 1.0
+
+
+def _release_done_event(it: Any) -> bool:
+    """A worker killed while it held the lock of torch's ``_workers_done_event`` (each worker
+    checks the event between batches) leaves that lock held for good, and torch's shutdown,
+    whose first step is ``done_event.set()``, then blocks forever: at the loader's ``__del__``,
+    after the error was raised (pytorch#21554's kind of deadlock). With a worker dead by a
+    signal, test the lock; if nobody gives it back, give torch a fresh event to set: the
+    workers never see it, and torch's bounded join then terminates them. True if so."""
+    workers = getattr(it, "_workers", None) or []
+    if not any((w.exitcode or 0) < 0 for w in workers):
+        return False
+    event = getattr(it, "_workers_done_event", None)
+    lock = getattr(getattr(event, "_cond", None), "_lock", None)
+    if lock is None:
+        return False
+    if lock.acquire(timeout=_DONE_LOCK_WAIT_S):
+        lock.release()
+        return False
+    logger.warning(
+        "a dead DataLoader worker held the lock of the workers' done event: ending the "
+        "other workers without it (torch's join, then terminate)"
+    )
+    it._workers_done_event = threading.Event()
+    return True
 
 
 _iter_classes: dict[type[Any], type[Any]] = {}
