@@ -39,18 +39,11 @@ def spawn_start_method() -> Iterator[None]:
     mp.set_start_method(before, force=True)
 
 
-def _sysv_segments_of(pid: int) -> list[int]:
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        rows = [dict(zip(header, line.split(), strict=False)) for line in f]
-    return [int(r["shmid"]) for r in rows if int(r["cpid"]) == pid]
-
-
 @pytest.mark.timeout(TEST_TIMEOUT_S, method="thread")
 def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
     spawn_start_method: None, stop_resource_sharer: None, request: pytest.FixtureRequest
 ) -> None:
-    segments_before = set(_sysv_segments_of(os.getpid()))
+    segments_before = set(procs.sysv_shm_created_by([os.getpid()]))
     worker_pids: list[int] = []
 
     with procs.hang_guard(request.node.nodeid, GUARD_S, lambda: worker_pids):
@@ -81,5 +74,5 @@ def test_one_epoch_with_two_workers_covers_every_seed_and_shuts_down_clean(
     assert len(epoch.digests) == -(-fx.NUM_NODES // fx.BATCH_SIZE)
     assert epoch.seeds == list(range(fx.NUM_NODES))
     assert [w.exitcode for w in workers] == [0, 0]
-    assert set(_sysv_segments_of(os.getpid())) == segments_before
+    assert set(procs.sysv_shm_created_by([os.getpid()])) == segments_before
     print(f"start-up {startup:.2f}s, epoch {elapsed:.3f}s")

@@ -40,18 +40,16 @@ def parent_of_a_stuck_grandchild(pid_out: Any) -> None:
     grandchild.wait()
 
 
-def exit_3_in_own_group() -> None:
-    os.setpgrp()  # a helper in another process group: a group signal cannot reach it
-    exit_3()
-
-
-def exit_3_when_told(go: Any, own_group: bool = False) -> None:
+def exit_3_when_told(go: Any) -> None:
     """exit_3, its 0.3 s counted from the owner's word: what the owner does first (a stop,
     a masking thread) precedes the death however long arm() took on a loaded machine."""
-    if own_group:
-        os.setpgrp()
     go.wait(60)
     exit_3()
+
+
+def exit_3_in_own_group_when_told(go: Any) -> None:
+    os.setpgrp()  # a helper in another process group: a group signal cannot reach it
+    exit_3_when_told(go)
 
 
 def survive(seconds: float = 2.0) -> None:
@@ -74,7 +72,7 @@ TABLE = {
     # Stop episodes: the owner is asked to stop, handles it and carries on.
     "survived-sigint-then-exit3": (exit_3_when_told, "ignore", "handled-sigint"),
     "survived-sighup-then-exit3": (exit_3_when_told, "ignore", "handled-sighup"),
-    "other-group-during-stop-exit3": ("exit_3_when_told-own-group", "ignore", "handled-sigint"),
+    "other-group-during-stop-exit3": (exit_3_in_own_group_when_told, "ignore", "handled-sigint"),
     "stop-long-ago-then-exit3": (exit_3_when_told, "ignore", "sighup-long-ago"),
     "exit-within-stop-grace": (exit_3_when_told, "ignore", "handled-sigint-then-exit"),
     # A stop signal taken by a thread whose handler has not written its byte yet (on a loaded
@@ -313,11 +311,7 @@ def table_scenario(args: argparse.Namespace, ctx: mp.context.BaseContext) -> Non
 
         threading.Thread(target=masking_thread, name="masking", daemon=True).start()
     go = ctx.Event()  # type: ignore[attr-defined]
-    helper_args: tuple[Any, ...] = ()
-    if target == "exit_3_when_told-own-group":
-        target, helper_args = exit_3_when_told, (go, True)
-    elif target is exit_3_when_told:
-        helper_args = (go,)
+    helper_args = (go,) if target in (exit_3_when_told, exit_3_in_own_group_when_told) else ()
     helper = ctx.Process(  # type: ignore[attr-defined]
         target=target, args=helper_args, name="helper-0", daemon=True
     )
