@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -174,7 +175,7 @@ class _Run:
         self.ready_at = 0.0
         self.in_mask = True  # mask-after-arm: the death came while the mask was surely held
         self.in_window = True  # gil-held: the death and the stop came while the GIL was held
-        self.timers: list[threading.Timer] = []
+        self.timers: list[threading.Thread] = []
 
     def wait_ready(self, timeout: float = 120) -> None:
         found = self.out.until(r"^READY ", timeout)
@@ -207,15 +208,12 @@ class _Run:
                 time.sleep(0.01)
                 os.kill(pid, signal.SIGTERM)
         elif cell.how == "death-then-group":
-            # On timers from the hold, not in turn: the next run's stop must not wait for this.
+            # On a thread from the hold, not in turn: the next run's stop must not wait for it.
             late = self._hold()
             self.in_window = late < 0.4
-            self.timers = [
-                threading.Timer(0.5 - late, _quietly(os.kill), (self.pids[0], self._death())),
-                threading.Timer(1.5 - late, _quietly(os.killpg), (self.proc.pid, sig)),
-            ]  # it exits 1 while the watcher cannot run; then the launcher stops the job
-            for timer in self.timers:
-                timer.start()
+            thread = threading.Thread(target=self._death_then_group, args=(late, sig))
+            thread.start()
+            self.timers = [thread]
         elif cell.how == "helper-fails":
             self.in_mask = time.monotonic() - self.ready_at < MASK_S - 2.0
             self.grace_ends = time.time()
@@ -233,6 +231,30 @@ class _Run:
                 time.sleep(1.0)  # deferred by the stop under way (the default 30 s grace)
                 self.grace_ends = time.time()
                 os.kill(self.proc.pid, signal.SIGUSR2)
+
+    def _death_then_group(self, late: float, sig: signal.Signals) -> None:
+        """gil-held: a helper exits 1 while the watcher cannot run; once it has ended (the
+        kernel says so: a loaded machine can take a second to run its handler and exit), the
+        launcher stops the job: at 1.5 s into the hold, and at least 0.3 s after the death.
+        Both must come while the GIL is held, or the run tests nothing."""
+        held_at = time.monotonic() - late
+        time.sleep(max(0.0, 0.5 - late))
+        try:
+            pidfd = os.pidfd_open(self.pids[0])
+        except OSError:
+            self.in_window = False
+            return
+        try:
+            os.kill(self.pids[0], self._death())
+            ended = select.select([pidfd], [], [], GIL_HELD_S)[0]
+        finally:
+            os.close(pidfd)
+        stop_at = max(held_at + 1.5, time.monotonic() + 0.3)
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        if not ended or time.monotonic() > held_at + GIL_HELD_S - 0.5:
+            self.in_window = False  # the death or the stop came too late to test anything
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
 
     def _hold(self) -> float:
         """gil-held: tell the owner to take the GIL; seconds since it did."""
@@ -282,16 +304,6 @@ class _Run:
         err.until(r"(?!)", 5)  # everything until EOF, or 5 s
         self.proc.stderr.close()
         return "\n".join(err.lines)
-
-
-def _quietly(fn: Callable[..., None]) -> Callable[..., None]:
-    """``fn``, for a timer: a process already gone is no error."""
-
-    def call(*args: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            fn(*args)
-
-    return call
 
 
 def _end(pids: Iterable[int]) -> list[int]:
