@@ -164,8 +164,11 @@ class Judge:
         assert status is not None
         record.status = status
         excused, record.deferred = record.deferred, None
-        if excused is not None and excused.until is not None and self._seen is None and (
-            _ON_HANDLING in excused.reason
+        if (
+            excused is not None
+            and excused.until is not None
+            and self._seen is None
+            and (_ON_HANDLING in excused.reason)
         ):
             excused = None  # what looked like a handler was a mask: no stop ever was
         if decision.verdict is Verdict.DEFER and self._seen is not None:
@@ -208,12 +211,12 @@ class Judge:
         # Only a stop-like ending can be excused by a stop: a SIGKILL or a crash is decided
         # without reading the owner's signal state.
         stop = self.episode(now) if status is not None and stop_like(status) else None
-        if stop is not None and stop.seen == "witnessed":
-            # The episode's start and the death on one clock, the witness's: a death it saw
-            # before the stop preceded it, however late this host looked (a GIL held for
-            # seconds). Other starts are stamped by a host that may itself have waited.
+        if stop is not None:
+            # The death and the episode's stop signals on one clock, the witness's: a death it
+            # saw before every one of them preceded the stop, however late this host looked
+            # (a GIL held for seconds) and whichever look noticed the stop first.
             died = self.died_at(record)
-            if died is not None and died < stop.began:
+            if died is not None and stop.preceded_by(died):
                 stop = None
         self._seen = stop
         return decide(

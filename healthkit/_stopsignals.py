@@ -127,6 +127,33 @@ class StopEpisode:
     signal: signal.Signals
     began: float
     seen: Seen
+    #: Every stop signal of the episode, as each was seen (the first is the one above).
+    signals: tuple[Signal, ...] = attrs.field(default=(), eq=False, repr=False)
+
+    def preceded_by(self, died: float) -> bool:
+        """Did a death the witness stamped at ``died`` come before every stop signal of this
+        episode?
+
+        Only the witness's own stamps order a death against a stop: a signal seen another way
+        (delivered, pending, being handled) is stamped when it was noticed, which may be long
+        after it came (the listener waiting for the GIL), never before. So: a stop stamped
+        before the death came first, however it was seen; a later one is dated by the
+        witness's stamp of the same signal, and one the witness never saw (sent to this
+        process alone) cannot be ordered, so the stop stands.
+        """
+        if isinstance(died, bool) or not isinstance(died, (int, float)) or math.isnan(died):
+            raise InvalidArgumentTypeError(
+                f"died must be a time (time.monotonic()), got {died!r}", "died"
+            )
+        signals = self.signals or ((self.signal, self.began, self.seen),)
+        witnessed = {sig for sig, _, seen in signals if seen == "witnessed"}
+        for sig, at, seen in signals:
+            if seen == "witnessed":
+                if at <= died:  # in a tie the witness wrote the signal first: it came first
+                    return False
+            elif at < died or sig not in witnessed:
+                return False
+        return bool(witnessed)
 
     def describe(self, now: float) -> str:
         how = {
@@ -186,8 +213,10 @@ def current_episode(
     began: Signal | None = None
     # History holds only signals that have arrived: one stamped after ``now`` arrived while
     # the caller was reading it (the read takes a moment), so it counts as arrived at ``now``.
-    for sig, when, seen in sorted(history, key=lambda e: e[1]):
-        entry = (sig, min(when, now), seen)
+    ordered = sorted(
+        ((sig, min(when, now), seen) for sig, when, seen in history), key=lambda e: e[1]
+    )
+    for entry in ordered:
         if began is None:
             began = entry
             continue
@@ -197,7 +226,8 @@ def current_episode(
             began = entry
     if began is None or now >= end(began):
         return None
-    return StopEpisode(began[0], began[1], began[2])
+    signals = tuple(e for e in ordered if e[1] >= began[1])
+    return StopEpisode(began[0], began[1], began[2], signals)
 
 
 def pending_stop(pid: int) -> signal.Signals | None:
@@ -259,9 +289,7 @@ class HandlerWatch:
         if threads is None:
             return None
         with self._lock:
-            usual = {
-                tid: self._usual.get(tid, mask) & mask for tid, (_, mask) in threads.items()
-            }
+            usual = {tid: self._usual.get(tid, mask) & mask for tid, (_, mask) in threads.items()}
             self._usual = usual
         extra = 0
         for tid, (_, mask) in threads.items():

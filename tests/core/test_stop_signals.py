@@ -195,7 +195,13 @@ def test_the_witness_keeps_a_group_stop_that_a_library_took_from_the_wakeup_fd()
         start_new_session=True,  # its group stop stays in its group
     )
     assert proc.stdout.split() == [
-        "None", "SIGTERM", "witnessed", "True", "True", "None", "False"
+        "None",
+        "SIGTERM",
+        "witnessed",
+        "True",
+        "True",
+        "None",
+        "False",
     ], proc.stderr
 
 
@@ -278,7 +284,8 @@ def test_a_mask_with_no_stop_signal_is_no_stop_once_it_has_lasted_a_moment() -> 
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
     )
     assert proc.stdout.split() == ["handling", "None", "None", "pending"], (
-        proc.stdout, proc.stderr
+        proc.stdout,
+        proc.stderr,
     )
 
 
@@ -312,6 +319,31 @@ def test_a_stop_survived_ends_its_episode_and_a_later_stop_begins_a_new_one() ->
     assert current_episode(later, 13.0, 30.0, [10.5]) == StopEpisode(hup, 12.0, "delivered")
     assert current_episode(later, 13.0, 30.0, [10.5, 12.5]) is None
     assert current_episode(history, 11.0, 30.0, [5.0]) == StopEpisode(term, 10.0, "delivered")
+
+
+def test_a_death_the_witness_saw_first_precedes_the_stop_however_the_stop_was_noticed() -> None:
+    """The witness stamped a helper's death at 10.0. A group SIGTERM it stamped at 11.0 came
+    later, also when the owner's own look (delivered, pending) noticed it first, late; a
+    stop noticed before the death came first whatever its source; a signal the witness
+    never saw (sent to the owner alone) cannot be ordered, so the stop stands."""
+    term, hup = signal.SIGTERM, signal.SIGINT
+
+    def episode(*history: tuple[signal.Signals, float, str]) -> StopEpisode:
+        found = current_episode(history, 20.0, 30.0)  # type: ignore[arg-type]
+        assert found is not None
+        return found
+
+    assert episode((term, 11.0, "witnessed")).preceded_by(10.0)
+    assert episode((term, 10.9, "delivered"), (term, 11.0, "witnessed")).preceded_by(10.0)
+    assert episode((term, 10.5, "pending"), (term, 11.0, "witnessed")).preceded_by(10.0)
+    # Twins: each must keep the stop.
+    assert not episode((term, 10.0, "witnessed")).preceded_by(10.0)  # a tie: the stop first
+    assert not episode((term, 9.0, "witnessed")).preceded_by(10.0)
+    assert not episode((term, 9.5, "delivered"), (term, 11.0, "witnessed")).preceded_by(10.0)
+    assert not episode((term, 10.9, "delivered")).preceded_by(10.0)  # never witnessed
+    assert not episode((hup, 10.5, "delivered"), (term, 11.0, "witnessed")).preceded_by(10.0)
+    assert not episode((term, 10.5, "handling"), (hup, 11.0, "witnessed")).preceded_by(10.0)
+    assert not StopEpisode(term, 11.0, "delivered").preceded_by(10.0)
 
 
 def test_note_stop_begins_an_episode_that_ends_after_the_grace() -> None:
@@ -429,7 +461,11 @@ def test_a_thread_masking_every_signal_is_not_taken_for_a_stop_being_handled() -
     nothing."""
     everything = set(signal.valid_signals())
     steps: list[set[signal.Signals] | None] = [
-        everything, {signal.SIGTERM}, everything, None, {signal.SIGINT}
+        everything,
+        {signal.SIGTERM},
+        everything,
+        None,
+        {signal.SIGINT},
     ]
     t = _MaskingThread(steps)
     t.start()
