@@ -10,8 +10,6 @@ whose names start with an underscore are private.
 """
 
 import sys as _sys
-import warnings as _warnings
-from typing import Any as _Any
 
 from healthkit import actions, lowlevel
 from healthkit._barrier import (
@@ -21,9 +19,6 @@ from healthkit._barrier import (
     PartyReport,
 )
 from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
-from healthkit._errors import (
-    DEPRECATED_ERROR_ALIASES as _DEPRECATED_ERROR_ALIASES,
-)
 from healthkit._errors import (
     HealthkitError,
     InterpreterShutdownError,
@@ -88,15 +83,3 @@ for _module in (actions, lowlevel, _sys.modules[__name__]):
             _obj.__module__ = _module.__name__
 del _module, _name, _obj
 
-
-def __getattr__(name: str) -> _Any:
-    new = _DEPRECATED_ERROR_ALIASES.get(name)
-    if new is None:
-        raise AttributeError(f"module 'healthkit' has no attribute {name!r}")
-    _warnings.warn(
-        f"healthkit.{name} is deprecated and will be removed in the next release: it is "
-        f"healthkit.{new} now (catch that, or ValueError)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]

@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 import os
 import signal
-import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from healthkit._diagnosis import Diagnosis
@@ -26,9 +25,6 @@ if TYPE_CHECKING:
 MAX_TIMEOUT_S: Final = (2**31 - 1) // 1000
 #: The largest pid Linux can ever hand out (``PID_MAX_LIMIT``, 2**22 on 64-bit kernels).
 PID_MAX_LIMIT: Final = 1 << 22
-
-#: A duration argument's type: seconds, or ``None`` where ``None`` means "the default".
-_Seconds = TypeVar("_Seconds", float, "float | None")
 
 
 def _rebuild(
@@ -84,15 +80,6 @@ class InvalidArgumentError(HealthkitError, ValueError):
 
 class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """A value of the wrong type (also a ``TypeError``)."""
-
-
-#: Deprecated aliases of :class:`InvalidArgumentError` (separate classes up to 0.x; nothing
-#: caught them apart). Importing them from ``healthkit`` warns; removed in the next release.
-DEPRECATED_ERROR_ALIASES: Final = {
-    "InvalidTimeoutError": "InvalidArgumentError",
-    "InvalidExitCodeError": "InvalidArgumentError",
-    "InvalidEnvValueError": "InvalidArgumentError",
-}
 
 
 class InterpreterShutdownError(HealthkitError, RuntimeError):
@@ -215,36 +202,6 @@ def check_positive_number(value: object, what: str) -> float:
     if not (math.isfinite(v) and v > 0):
         raise InvalidArgumentError(f"{what} must be a finite number > 0, got {value!r}", what)
     return v
-
-
-def renamed_argument(
-    old_name: str,
-    old_value: float | None,
-    new_name: str,
-    new_value: _Seconds,
-    new_default: _Seconds,
-    *,
-    meaning: str = "from SIGTERM to SIGKILL",
-) -> _Seconds:
-    """The value of a duration argument renamed to ``new_name``, given under either name.
-
-    The old keyword keeps working for one release with a :class:`DeprecationWarning` that
-    says what the seconds are (``meaning``); both at once (the new one not at its default,
-    which may be ``None``) is refused, since one of them would be ignored.
-    """
-    if old_value is None:
-        return new_value
-    warnings.warn(
-        f"{old_name}= is deprecated and will be removed in the next release: "
-        f"pass {new_name}= (the same seconds {meaning})",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    if new_value != new_default:
-        raise InvalidArgumentError(
-            f"{old_name}= is the old name of {new_name}=; pass only {new_name}=", old_name
-        )
-    return check_seconds(old_value, old_name)  # a bad value is named as it was given
 
 
 def check_int(

@@ -30,7 +30,6 @@ from healthkit._errors import (
     NoSuchProcessError,
     check_callable,
     check_timeout,
-    renamed_argument,
 )
 from healthkit._proc import descendants, read_proc_stat
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
@@ -161,7 +160,6 @@ def stop(
     kill_timeout: float = 5.0,
     name: str = "processes",
     log: logging.Logger | None = None,
-    term_timeout: float | None = None,
 ) -> StopReport:
     """Stop ``targets`` with the STOP -> join -> SIGTERM -> SIGKILL ladder and return a report.
 
@@ -169,13 +167,11 @@ def stop(
     their queues); then up to ``grace`` seconds for them to end; SIGTERM to the rest and up to
     ``kill_after`` seconds (``0``: no SIGTERM step); SIGKILL to the rest and up to
     ``kill_timeout`` seconds for them to end. The whole call is bounded by
-    ``grace + kill_after + kill_timeout``. (``term_timeout`` is the deprecated name of
-    ``kill_after``.) Processes whose owner objects
-    are given (``Process``, ``Popen``) are reaped through them; bare pids are left to their
-    parent. Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
+    ``grace + kill_after + kill_timeout``. Processes whose owner objects are given
+    (``Process``, ``Popen``) are reaped through them; bare pids are left to their parent.
+    Each escalation is logged at WARNING on ``log`` (default: ``healthkit``).
     """
     grace_s = check_timeout(grace, "grace", allow_none=False)
-    kill_after = renamed_argument("term_timeout", term_timeout, "kill_after", kill_after, 5.0)
     term_s = check_timeout(kill_after, "kill_after", allow_none=False)
     kill_s = check_timeout(kill_timeout, "kill_timeout", allow_none=False)
     assert grace_s is not None and term_s is not None and kill_s is not None

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
@@ -58,7 +57,6 @@ from healthkit._errors import (
     check_exit_code,
     check_pid,
     check_timeout,
-    renamed_argument,
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
@@ -200,9 +198,8 @@ class DisarmableWatchdog:
     may sit in native code holding the GIL (a thread cannot run then; a process can). The
     sidecar logs, writes the torchelastic error file and then stops the stuck owner (SIGTERM,
     then SIGKILL after ``kill_after`` seconds) so the launcher tears the job down; it runs no
-    Python callbacks of the owner, so ``exit_code`` applies to thread mode only.
-    (``kill_grace`` is the deprecated name of ``kill_after``.) A thread in the
-    owner still tells the sidecar the exit statuses it learns and, if the sidecar dies,
+    Python callbacks of the owner, so ``exit_code`` applies to thread mode only. A thread in
+    the owner still tells the sidecar the exit statuses it learns and, if the sidecar dies,
     logs it at ERROR and takes over the watching.
 
     Stops are not failures, and not a state either: a stop-like death (SIGTERM, SIGINT,
@@ -226,7 +223,6 @@ class DisarmableWatchdog:
         kill_after: float = 2.0,
         rss_sample_interval: float | None = None,
         stop_grace: float = DEFAULT_STOP_GRACE_S,
-        kill_grace: float | None = None,
         job_notice: bool | None = None,
     ) -> None:
         if mode not in ("thread", "sidecar"):
@@ -257,7 +253,6 @@ class DisarmableWatchdog:
         self._job_notice = _jobnotice.notice_wanted(job_notice) if job_notice is not None else None
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
         self.exit_code = check_exit_code(exit_code, "exit_code")
-        kill_after = renamed_argument("kill_grace", kill_grace, "kill_after", kill_after, 2.0)
         grace = check_timeout(kill_after, "kill_after", allow_none=False)
         assert grace is not None
         self.kill_after: float = grace
@@ -322,16 +317,6 @@ class DisarmableWatchdog:
             self.watch(target)
 
     # ------------------------------------------------------------------ public API
-    @property
-    def kill_grace(self) -> float:
-        """Deprecated name of :attr:`kill_after`."""
-        warnings.warn(
-            "DisarmableWatchdog.kill_grace is deprecated: read kill_after",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.kill_after
-
     @property
     def armed(self) -> bool:
         return self._armed

@@ -21,7 +21,6 @@ from healthkit._errors import (
     check_int,
     check_seconds,
     check_timeout,
-    renamed_argument,
 )
 from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._jobnotice import publish_job_failure
@@ -67,7 +66,6 @@ __all__ = [
     "publish_job_failure",
     "read_env_seconds",
     "read_proc_stat",
-    "renamed_argument",
     "set_thread_name",
     "stop_like",
 ]

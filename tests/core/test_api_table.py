@@ -3,7 +3,7 @@
 each argument it takes, and must refuse it at the call with a typed
 :class:`healthkit.HealthkitError` that names the argument. A public callable without a row
 fails the test, so new API cannot skip the convention. Also: public module names, pickling
-of every exported error, and the deprecated names that still work for one release."""
+of every exported error, and that no name renamed before the first release lingers."""
 
 from __future__ import annotations
 
@@ -40,51 +40,21 @@ from healthkit.actions import FailureEvent
 pytestmark = pytest.mark.security
 
 
-# ----------------------------------------------------------------------------- deprecated
+# ------------------------------------------------------------------------ no old names
 @pytest.mark.parametrize(
     "old", ["InvalidTimeoutError", "InvalidExitCodeError", "InvalidEnvValueError"]
 )
-def test_old_error_names_are_aliases_that_warn(old: str) -> None:
-    with pytest.warns(DeprecationWarning, match=f"healthkit.{old} is deprecated"):
-        alias = getattr(healthkit, old)
-    assert alias is InvalidArgumentError
+def test_names_renamed_before_the_first_release_are_gone(old: str) -> None:
+    """Nothing was released under the old names, so none is kept as an alias."""
     assert old not in healthkit.__all__
     with pytest.raises(AttributeError):
-        healthkit.NoSuchName  # noqa: B018  # type: ignore[attr-defined]
-
-
-def test_old_error_names_still_catch_what_they_caught() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old_timeout = healthkit.InvalidTimeoutError  # type: ignore[attr-defined]
-    with pytest.raises(old_timeout):
-        DisarmableWatchdog(kill_after=-1)
-
-
-def test_stop_term_timeout_is_the_old_name_of_kill_after(child: subprocess.Popen[bytes]) -> None:
-    with pytest.warns(DeprecationWarning, match="term_timeout= is deprecated.*kill_after="):
-        report = healthkit.stop([child], term_timeout=0.2)  # type: ignore[call-arg]
-    assert report.terminated == (child.pid,)
-    assert child.returncode is not None
-
-
-def test_both_names_at_once_are_refused(child: subprocess.Popen[bytes]) -> None:
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(InvalidArgumentError, match="term_timeout"),
-    ):
-        healthkit.stop([child], term_timeout=1.0, kill_after=2.0)  # type: ignore[call-arg]
-    assert child.poll() is None  # refused before anything was signalled
-
-
-def test_watchdog_kill_grace_is_the_old_name_of_kill_after() -> None:
-    with pytest.warns(DeprecationWarning, match="kill_grace= is deprecated"):
-        wd = DisarmableWatchdog(kill_grace=3.0)  # type: ignore[call-arg]
-    assert wd.kill_after == 3.0
-    with pytest.warns(DeprecationWarning, match="kill_grace is deprecated"):
-        assert wd.kill_grace == 3.0
-    with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgumentError, match="kill_grace"):
-        DisarmableWatchdog(kill_grace=-1)  # type: ignore[call-arg]
+        getattr(healthkit, old)
+    assert not hasattr(DisarmableWatchdog, "kill_grace")
+    assert not hasattr(lowlevel, "renamed_argument")
+    with pytest.raises(TypeError, match="kill_grace"):
+        DisarmableWatchdog(kill_grace=3.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="term_timeout"):
+        healthkit.stop([], term_timeout=0.2)  # type: ignore[call-arg]
 
 
 def test_the_new_names_do_not_warn(child: subprocess.Popen[bytes]) -> None:
@@ -302,7 +272,6 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "kill_after": Case(lambda e: DisarmableWatchdog(kill_after=-1)),
         "rss_sample_interval": Case(lambda e: DisarmableWatchdog(rss_sample_interval=0.001)),
         "stop_grace": Case(lambda e: DisarmableWatchdog(stop_grace=NAN)),
-        "kill_grace": Case(lambda e: DisarmableWatchdog(kill_grace=-1)),
         "job_notice": Case(lambda e: DisarmableWatchdog(job_notice="on"), T),  # type: ignore[arg-type]
     },
     "healthkit.DisarmableWatchdog.disarm": {
@@ -389,7 +358,6 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "kill_timeout": Case(lambda e: healthkit.stop([e.child], kill_timeout="5"), T),
         "name": Case(lambda e: healthkit.stop([e.child], name=5), T),
         "log": Case(lambda e: healthkit.stop([e.child], log="healthkit"), T),
-        "term_timeout": Case(lambda e: healthkit.stop([e.child], term_timeout=-1)),
     },
     "healthkit.actions.FailureEvent": {
         "diagnosis": Case(lambda e: FailureEvent(5, "wd"), T),
@@ -554,17 +522,6 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     "healthkit.lowlevel.check_timeout": {
         "value": Case(lambda e: lowlevel.check_timeout(-1, "wait"), named="wait")
     },
-    "healthkit.lowlevel.renamed_argument": {
-        "old_value": Case(
-            lambda e: lowlevel.renamed_argument("term_timeout", -1.0, "kill_after", 5.0, 5.0),
-            named="term_timeout",
-        ),
-        "new_value": Case(
-            lambda e: lowlevel.renamed_argument("term_timeout", 1.0, "kill_after", 2.0, 5.0),
-            named="term_timeout",
-            label="both",
-        ),
-    },
     "healthkit.lowlevel.env_seconds": {
         "name": Case(lambda e: lowlevel.env_seconds("", 5), T),
         "default": Case(
@@ -641,7 +598,6 @@ CORE_EXEMPT_ARGUMENTS = {
         "check_int": ["what", "minimum", "maximum"],
         "check_seconds": ["what"],
         "check_timeout": ["what", "allow_none", "positive", "minimum"],
-        "renamed_argument": ["old_name", "new_name", "new_default", "meaning"],
     }.items()
     for arg in args
 }

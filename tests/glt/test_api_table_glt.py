@@ -114,17 +114,13 @@ GLT: dict[str, dict[str, Case | list[Case]]] = {
         "strict_env": Case(lambda e: _producer(strict_env="yes"), T),
         "stall_timeout": [Case(lambda e: _producer(stall_timeout=0)),
                           Case(lambda e: _producer(stall_timeout="60"), T)],
-        "kill_timeout": Case(lambda e: _producer(kill_timeout=-1)),
-        "stop_timeout": [Case(lambda e: _producer(stop_timeout="10"), T),
-                         Case(lambda e: _producer(stop_timeout=-1)),
-                         Case(lambda e: _producer(stop_timeout=1.0, grace=2.0), label="both")],
     },
     "healthkit_glt.DistNeighborLoader": {
         "producer_cls": Case(lambda e: _loader(producer_cls=5), T),
         "producer_kwargs": [
             Case(lambda e: _loader(grace_period=5), T, "grace_period", label="unknown"),
             Case(lambda e: _loader(grace=-1), named="grace", label="value"),
-            Case(lambda e: _loader(stop_timeout=-1), named="stop_timeout", label="old-name"),
+            Case(lambda e: _loader(stop_timeout=1.0), T, "stop_timeout", label="old-name"),
             Case(lambda e: _loader(fetch_wait=1.0), T, "fetch_wait", label="remote-only"),
         ],
     },
@@ -303,70 +299,34 @@ def _producer_args() -> tuple[Any, tuple[Any, ...]]:
 
 
 @pytest.mark.timeout(60)
-def test_kill_timeout_is_the_old_name_of_kill_after() -> None:
+def test_the_shutdown_bounds_are_grace_and_kill_after_and_the_old_names_are_gone() -> None:
+    """The wait from the stop request to SIGTERM is ``grace`` and the one after each signal
+    ``kill_after``, as in ``healthkit.stop()``; nothing was released under ``stop_timeout``
+    or ``kill_timeout``, so neither is kept."""
     channel, args = _producer_args()
-    with pytest.warns(DeprecationWarning, match="kill_timeout= is deprecated.*kill_after="):
-        producer = hg.DistSamplingProducer(*args, kill_timeout=3.0)
-    assert producer.kill_after == 3.0
-    with pytest.warns(DeprecationWarning, match="kill_timeout is deprecated"):
-        assert producer.kill_timeout == 3.0
-    producer.shutdown()
+    for old in ("stop_timeout", "kill_timeout"):
+        with pytest.raises(TypeError, match=old):
+            hg.DistSamplingProducer(*args, **{old: 3.0})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        producer = hg.DistSamplingProducer(*args, kill_after=4.0)
-        assert producer.kill_after == 4.0
-        producer.shutdown()
-    del producer, channel
-    gc.collect()
-
-
-@pytest.mark.timeout(60)
-def test_stop_timeout_is_the_old_name_of_grace() -> None:
-    """The wait from the stop request to SIGTERM is ``grace``, as in ``healthkit.stop()``:
-    the old keyword (constructor and ``shutdown()``) and attribute still work, and warn.
-    That the old keyword reaches the teardown of running workers:
-    test_healthkit_glt.py::test_shutdown_takes_grace_under_its_old_name_stop_timeout."""
-    channel, args = _producer_args()
-    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace=.*stop req"):
-        producer = hg.DistSamplingProducer(*args, stop_timeout=3.0)
-    assert producer.grace == 3.0
-    with pytest.warns(DeprecationWarning, match="stop_timeout is deprecated: read grace"):
-        assert producer.stop_timeout == 3.0
-    with pytest.warns(DeprecationWarning), pytest.raises(hk.InvalidArgumentError) as info:
-        producer.shutdown(stop_timeout=1.0, grace=2.0)  # one of them would be ignored
-    assert info.value.argument == "stop_timeout"
-    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
-        producer.shutdown(stop_timeout=0.5)
+        producer = hg.DistSamplingProducer(*args, grace=4.0, kill_after=3.0)
+        assert (producer.grace, producer.kill_after) == (4.0, 3.0)
+        assert not hasattr(producer, "stop_timeout") and not hasattr(producer, "kill_timeout")
+        with pytest.raises(TypeError, match="stop_timeout"):
+            producer.shutdown(stop_timeout=0.5)  # type: ignore[call-arg]
+        producer.shutdown(grace=0.5)
     with pytest.raises(hk.InvalidArgumentError) as info:
         producer.shutdown(grace=-1)  # refused at the call, also once shut down
     assert info.value.argument == "grace"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        producer = hg.DistSamplingProducer(*args, grace=4.0)
-        assert producer.grace == 4.0
-        producer.shutdown(grace=0.5)
     del producer, channel, args, info  # the tracebacks hold this frame, and so the dataset
     gc.collect()
 
 
-def test_release_producer_takes_grace_and_its_old_name() -> None:
-    """Checked and mapped before the server is touched: shown on a bare instance."""
+def test_release_producer_takes_grace() -> None:
+    """Checked before the server is touched: shown on a bare instance."""
     server = object.__new__(hg.DistServer)
-    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
-        with pytest.raises(hk.InvalidArgumentError) as info:
-            server.release_producer(0, "token", stop_timeout=-1)
-    assert info.value.argument == "stop_timeout"
+    with pytest.raises(TypeError, match="stop_timeout"):
+        server.release_producer(0, "token", stop_timeout=1.0)  # type: ignore[call-arg]
     with pytest.raises(hk.InvalidArgumentError) as info:
         server.release_producer(0, "token", grace=math.nan)
     assert info.value.argument == "grace"
-
-
-def test_a_client_override_replaces_a_server_default_under_either_name() -> None:
-    from healthkit_glt._producer import merge_producer_kwargs
-
-    server = {"stop_timeout": 5.0, "kill_after": 3.0, "recv_poll_ms": 100}
-    assert merge_producer_kwargs(server, {"grace": 1.0, "kill_timeout": 2.0}) == {
-        "grace": 1.0, "kill_timeout": 2.0, "recv_poll_ms": 100}  # fmt: skip
-    assert merge_producer_kwargs(server, {"stop_timeout": 1.0}) == {
-        "stop_timeout": 1.0, "kill_after": 3.0, "recv_poll_ms": 100}  # fmt: skip
-    assert merge_producer_kwargs(server, {}) == server

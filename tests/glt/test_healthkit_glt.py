@@ -651,27 +651,21 @@ def test_worker_reads_back_its_rpc_timeout_before_and_after_the_init_barrier(
 
 
 @pytest.mark.timeout(IN_PROCESS_TIMEOUT_S, method="thread")
-def test_shutdown_takes_grace_under_its_old_name_stop_timeout(
+def test_a_short_grace_reaches_the_teardown_of_running_workers(
     glt_context: None, guard: None, stop_resource_sharer: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``stop_timeout=`` (the deprecated name of ``grace``, the wait from STOP to SIGTERM)
-    still reaches the teardown of running workers: a grace shorter than GLT's 1 s loop
-    shutdown is logged as the escalation it is, with the value given."""
+    """``grace`` (the wait from STOP to SIGTERM), given to the loader and to ``shutdown()``,
+    reaches the teardown of running workers: a grace shorter than GLT's 1 s loop shutdown is
+    logged as the escalation it is, with the value given."""
     before = _segments_of(os.getpid())
-    with pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="):
-        loader = fx.build_loader(fx.build_dataset(), fx.make_worker_options(),
-                                 loader_cls=hg.DistNeighborLoader, stop_timeout=7.0)  # fmt: skip
+    loader = fx.build_loader(fx.build_dataset(), fx.make_worker_options(),
+                             loader_cls=hg.DistNeighborLoader, grace=7.0)  # fmt: skip
     producer = loader.producer
     workers = producer.workers
     try:
         assert producer.grace == 7.0
-        with pytest.warns(DeprecationWarning, match="read grace"):
-            assert producer.stop_timeout == 7.0
-        with (
-            caplog.at_level("WARNING", logger="healthkit.glt"),
-            pytest.warns(DeprecationWarning, match="stop_timeout= is deprecated.*grace="),
-        ):
-            producer.shutdown(stop_timeout=0.001)
+        with caplog.at_level("WARNING", logger="healthkit.glt"):
+            producer.shutdown(grace=0.001)
     finally:
         loader.shutdown()  # idempotent; the teardown if an assertion above failed
     assert "did not end within 0.001s of the stop request; sending SIGTERM" in caplog.text

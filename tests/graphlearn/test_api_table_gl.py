@@ -171,16 +171,14 @@ def test_every_exported_error_pickles_with_its_attributes() -> None:
     assert isinstance(types.ModuleType, type)
 
 
-def test_timeout_is_the_old_name_of_kill_after() -> None:
-    """The keyword is mapped (and warned about) before the server is touched: shown here on
-    a bad value, which names the keyword as it was given. On a launched server:
-    test_launcher.py::test_stop_under_its_old_keyword_timeout_still_stops_a_launched_server.
-    ``wait_ready(timeout=)`` is not renamed: it bounds the wait for readiness."""
+def test_stop_takes_kill_after_and_wait_ready_takes_timeout() -> None:
+    """Checked before the server is touched: shown on a bare instance. ``stop()``'s bound
+    is ``kill_after`` (its pre-release name ``timeout=`` is gone); ``wait_ready(timeout=)``
+    bounds the wait for readiness. On a launched server:
+    test_launcher.py::test_stop_kill_after_is_the_wait_before_sigkill_on_a_launched_server."""
     unlaunched = object.__new__(hkgl.SamplerServer)
-    with pytest.warns(DeprecationWarning, match="timeout= is deprecated.*kill_after="):
-        with pytest.raises(hk.InvalidArgumentError, match="timeout") as info:
-            unlaunched.stop(timeout=-1)
-    assert info.value.argument == "timeout"
+    with pytest.raises(TypeError, match="timeout"):
+        unlaunched.stop(timeout=1.0)  # type: ignore[call-arg]
     with pytest.raises(hk.InvalidArgumentError) as info:
         unlaunched.stop(kill_after=-1)
     assert info.value.argument == "kill_after"

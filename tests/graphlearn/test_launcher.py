@@ -78,20 +78,17 @@ def test_stop_disarms_first_so_ending_the_server_is_never_a_crash(
     assert alarms(err) == [], err[-3000:]
 
 
-def test_stop_under_its_old_keyword_timeout_still_stops_a_launched_server(
+def test_stop_kill_after_is_the_wait_before_sigkill_on_a_launched_server(
     tmp_path: Path,
 ) -> None:
-    """``timeout=`` is the deprecated name of ``kill_after``: on a real, launched server it
-    warns, is refused beside ``kill_after=`` before anything is signalled, and alone it is
-    the wait before SIGKILL (the server is SIGSTOPped, so SIGTERM cannot end it; the default
-    would be 10 s)."""
-    rc, out, err = run_owner(tmp_path, "stop-old-name")
+    """``stop(kill_after=1.0)`` on a real, launched server that cannot act on SIGTERM (it is
+    SIGSTOPped; the default would wait 10 s) kills it about 1 s after the SIGTERM. The
+    keyword's pre-release name ``timeout=`` is refused before anything is signalled."""
+    rc, out, err = run_owner(tmp_path, "stop-kill-after")
     assert rc == 0, err[-3000:]
     res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
-    assert res["both_refused"] == "timeout" and res["alive_after_refusal"]
-    deprecations = [w for w in res["warnings"] if w.startswith("DeprecationWarning: ")]
-    assert len(deprecations) == 2, res["warnings"]
-    assert all("timeout= is deprecated" in w and "pass kill_after=" in w for w in deprecations)
+    assert res["old_name_refused"] and res["alive_after_refusal"]
+    assert res["warnings"] == []
     assert res["stop_exitcode"] == -signal.SIGKILL
     assert 1.0 <= res["stop_s"] < 8.0, res["stop_s"]
     assert pid_gone(res["server_pid"])

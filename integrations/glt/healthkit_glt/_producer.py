@@ -42,7 +42,6 @@ import queue
 import shutil
 import tempfile
 import time
-import warnings
 import weakref
 from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
@@ -75,7 +74,6 @@ from healthkit.lowlevel import (
     check_timeout,
     decide_stall,
     publish_job_failure,
-    renamed_argument,
 )
 from healthkit.lowlevel import Verdict as Verdict
 from healthkit_glt._compat import RingSegment, seeds_indexes
@@ -112,10 +110,6 @@ __all__ = [
 logger = logging.getLogger("healthkit.glt")
 
 INIT_ABORT_GRACE_S = 0.05
-#: What ``grace`` is, for the warning about its deprecated name ``stop_timeout``.
-GRACE_MEANING = "from the stop request to SIGTERM"
-#: Deprecated producer arguments and the names that replaced them.
-RENAMED_ARGUMENTS = {"stop_timeout": "grace", "kill_timeout": "kill_after"}
 
 
 class SamplingWorkerDiedError(ProcessDiedError):
@@ -231,15 +225,9 @@ def _check_arguments(
     recv_poll_ms: object = 500,
     worker_extra: object = None,
     strict_env: object = False,
-    kill_timeout: object = None,
-    stop_timeout: object = None,
     stall_timeout: object = None,
 ) -> tuple[float, float, float]:
     """The producer's own keyword arguments, checked (the shutdown bounds returned)."""
-    if kill_timeout is not None:
-        kill_after = check_seconds(kill_timeout, "kill_timeout")
-    if stop_timeout is not None:
-        grace = check_seconds(stop_timeout, "stop_timeout")
     grace_s = check_seconds(grace, "grace")
     kill_s = check_seconds(kill_after, "kill_after")
     init_failure_s = check_seconds(init_failure_grace, "init_failure_grace")
@@ -262,22 +250,6 @@ def _check_arguments(
     if stall_timeout is not None:
         check_timeout(stall_timeout, "stall_timeout", positive=True, minimum=0.05)  # type: ignore[arg-type]
     return grace_s, kill_s, init_failure_s
-
-
-def merge_producer_kwargs(
-    defaults: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> dict[str, Any]:
-    """``defaults`` (a server's) overridden by ``overrides`` (a client's). An override of a
-    renamed argument, under either name, replaces the default under both: a server started
-    with ``stop_timeout=`` and a client passing ``grace=`` is one value, not two."""
-    merged = dict(defaults)
-    for name in overrides:
-        for old, new in RENAMED_ARGUMENTS.items():
-            if name in (old, new):
-                merged.pop(old, None)
-                merged.pop(new, None)
-    merged.update(overrides)
-    return merged
 
 
 def check_producer_kwargs(kwargs: object, producer_cls: object = None) -> None:
@@ -367,16 +339,10 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         recv_poll_ms: int = 500,
         worker_extra: dict[str, Any] | None = None,
         strict_env: bool = False,
-        kill_timeout: float | None = None,
-        stop_timeout: float | None = None,
         stall_timeout: float | None = None,
     ) -> None:
         # Every argument is checked before anything starts: a bad one fails here, naming
         # itself, not inside shutdown() or a worker.
-        kill_after = renamed_argument("kill_timeout", kill_timeout, "kill_after", kill_after, 5.0)
-        grace = renamed_argument(
-            "stop_timeout", stop_timeout, "grace", grace, 10.0, meaning=GRACE_MEANING
-        )
         grace_s, kill_s, init_failure_s = _check_arguments(
             sampler_factory=sampler_factory,
             worker_loop=worker_loop,
@@ -787,19 +753,15 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         return err
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self, grace: float | None = None, *, stop_timeout: float | None = None) -> None:
+    def shutdown(self, grace: float | None = None) -> None:
         """Stop every worker, in bounded time; idempotent; safe after a failed init.
 
         STOP, then one shared join of ``grace`` (default: the constructor's), then
         SIGTERM and ``kill_after``, then SIGKILL and ``kill_after``. Watching stops
         first, so a worker ending during the teardown is never reported as a failure.
         ``grace=0``: no STOP, SIGTERM at once (nobody consumes any more: workers
-        parked in ``send()`` would never read STOP). ``stop_timeout`` is the deprecated
-        name of ``grace``.
+        parked in ``send()`` would never read STOP).
         """
-        grace = renamed_argument(
-            "stop_timeout", stop_timeout, "grace", grace, None, meaning=GRACE_MEANING
-        )
         if grace is not None:
             grace = check_seconds(grace, "grace")
         if getattr(self, "_shutdown", True):
@@ -863,26 +825,6 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             self._error_dir = None
         for watch in self._progress:
             watch.close()
-
-    @property
-    def stop_timeout(self) -> float:
-        """Deprecated name of ``grace``."""
-        warnings.warn(
-            "DistSamplingProducer.stop_timeout is deprecated: read grace",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.grace
-
-    @property
-    def kill_timeout(self) -> float:
-        """Deprecated name of ``kill_after``."""
-        warnings.warn(
-            "DistSamplingProducer.kill_timeout is deprecated: read kill_after",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.kill_after
 
     @property
     def workers(self) -> list[BaseProcess]:

@@ -44,19 +44,16 @@ from healthkit.lowlevel import (
     check_bound,
     check_int,
     check_seconds,
-    renamed_argument,
 )
 from healthkit_glt._compat import install_server, set_server_context
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import (
-    GRACE_MEANING,
     DistSamplingProducer,
     SamplingError,
     SamplingWorkerDiedError,
     check_producer_kwargs,
     drop_frames,
-    merge_producer_kwargs,
 )
 from healthkit_glt._remote_errors import ServerFailure, ServerHello
 from healthkit_glt._version import __version__
@@ -169,7 +166,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             buffer = ShmChannel(worker_options.buffer_capacity, worker_options.buffer_size)
             producer = DistSamplingProducer(
                 self.dataset, sampler_input, sampling_config, worker_options, buffer,
-                **merge_producer_kwargs(self.producer_kwargs, producer_kwargs),
+                **{**self.producer_kwargs, **producer_kwargs},
             )  # fmt: skip
             try:
                 producer.init()  # torn down by itself when it raises
@@ -253,15 +250,9 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         producer_id: int,
         token: str,
         grace: float | None = None,
-        *,
-        stop_timeout: float | None = None,
     ) -> None:
         """The client with lease ``token`` is done with the producer; the last one out
-        shuts it down (``grace``: the wait after STOP, default the producer's;
-        ``stop_timeout`` is its deprecated name)."""
-        grace = renamed_argument(
-            "stop_timeout", stop_timeout, "grace", grace, None, meaning=GRACE_MEANING
-        )
+        shuts it down (``grace``: the wait after STOP, default the producer's)."""
         if grace is not None:
             grace = check_seconds(grace, "grace")
         with self._lock:

@@ -72,7 +72,6 @@ from healthkit.lowlevel import (
     check_timeout,
     die_with_parent,
     env_seconds,
-    renamed_argument,
     set_thread_name,
 )
 from healthkit_graphlearn._env import DistEnv, check_index
@@ -274,15 +273,13 @@ class SamplerServer:
         kill_after: float = _STOP_TIMEOUT,
         *,
         grace: float = 0.0,
-        timeout: float | None = None,
     ) -> int | None:
         """Disarm the watchdog, then end the server; returns its exit code. Idempotent.
 
         ``grace``: seconds to let it finish by itself first (after every client called
         ``close()`` it exits 0 about 4 s later); then SIGTERM, and SIGKILL after
-        ``kill_after`` seconds (``timeout`` is its deprecated name).
+        ``kill_after`` seconds.
         """
-        kill_after = renamed_argument("timeout", timeout, "kill_after", kill_after, _STOP_TIMEOUT)
         check_seconds(kill_after, "kill_after")
         check_seconds(grace, "grace")
         self._check_owner("stop")

@@ -8,9 +8,8 @@ sampling scenarios, once the first sample came back), then plays its scenario:
                print ``RESULT <json>``, then return from main *without* stopping anything
                (the interpreter-exit teardown path)
   sample-stop  the same, then ``server.stop()`` after the client closed
-  stop-old-name  ``server.stop()`` under the deprecated keyword ``timeout=`` (``kill_after``):
-               beside ``kill_after=`` (refused), then alone on the SIGSTOPped server; print
-               ``RESULT`` with the warnings caught
+  stop-kill-after  ``server.stop(kill_after=1.0)`` on the SIGSTOPped server (the old keyword
+               ``timeout=`` refused first); print ``RESULT`` with the warnings caught
   duplicate    launch twice; print whether the second call returned the same handle
   serve        sleep (an idle owner) until killed
   sample-loop  sample in a loop in this process (a GL call is in flight almost always)
@@ -318,26 +317,24 @@ def main() -> int:
         time.sleep(600)
         return 1
 
-    if args.scenario == "stop-old-name":
+    if args.scenario == "stop-kill-after":
         import signal
         import warnings
-
-        import healthkit as hk
 
         _ready(server)
         outcome: dict[str, Any] = {"server_pid": server.pid}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                server.stop(timeout=1.0, kill_after=3.0)
-            except hk.InvalidArgumentError as e:
-                outcome["both_refused"] = e.argument
+                server.stop(timeout=1.0)  # type: ignore[call-arg]
+            except TypeError as e:
+                outcome["old_name_refused"] = "timeout" in str(e)
             outcome["alive_after_refusal"] = server.is_alive()
-            # Stopped, it cannot act on SIGTERM: only the SIGKILL `timeout` seconds later
+            # Stopped, it cannot act on SIGTERM: only the SIGKILL `kill_after` seconds later
             # ends it, so the time stop() takes shows which value it used.
             os.kill(server.pid, signal.SIGSTOP)
             started = time.monotonic()
-            outcome["stop_exitcode"] = server.stop(timeout=1.0)
+            outcome["stop_exitcode"] = server.stop(kill_after=1.0)
             outcome["stop_s"] = time.monotonic() - started
         outcome["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
         print("RESULT " + json.dumps(outcome), flush=True)
