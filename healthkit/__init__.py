@@ -31,6 +31,7 @@ from healthkit._errors import (
 )
 from healthkit._progress import Heartbeat, ProgressWatch
 from healthkit._records import HelperException, record_exception
+from healthkit._shared import publish as _publish
 from healthkit._sidecar import SidecarError
 from healthkit._stacks import dump_helper_stacks
 from healthkit._stop import StopReport, stop
@@ -75,11 +76,6 @@ __all__ = [
 # Each exported object reports the module users import (healthkit.ProcessWatch, not
 # healthkit._watch.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
 for _module in (actions, lowlevel, _sys.modules[__name__]):
-    for _name in _module.__all__:
-        _obj = getattr(_module, _name)
-        if (isinstance(_obj, type) or hasattr(_obj, "__code__")) and _obj.__module__.startswith(
-            "healthkit._"
-        ):
-            _obj.__module__ = _module.__name__
-del _module, _name, _obj
+    _publish(_module.__name__, (getattr(_module, _name) for _name in _module.__all__))
+del _module
 

@@ -1,27 +1,20 @@
-"""The plumbing under the primitives, for integrations and for users who build their own.
+"""The plumbing under the primitives, for users who compose their own.
 
-Stable, but not what most code needs: the firing rule, stop-signal notes, the job-wide
-failure notice for failures that are not watched deaths, the "stop survived" note, prctl helpers,
-stack-dump opt-in, the validators of timeouts, bounds, ints, flags and choices (integrations
-use them too, so their errors are the core's), environment-variable readers, ``/proc``
-readers, the memory cgroup an ``ExitDiagnoser`` reads its OOM counter from
-(``MemoryCgroup``, ``find_memory_cgroup``), and the log flush to call before ``os._exit``.
+Stable, but not what most code needs: what an extender composes a watchdog, a launcher or an
+integration from. The firing rule (``decide``, ``decide_stall``, ``stop_like``) and the stop
+episodes it reads (``current_episode``, ``note_stop``, ``note_stop_survived``); the job-wide
+failure notice for failures that are not watched deaths; ``/proc`` readers; prctl helpers
+(``die_with_parent``, ``set_thread_name``); stack dumps and their opt-in; the memory cgroup
+an ``ExitDiagnoser`` reads its OOM counter from (``MemoryCgroup``, ``find_memory_cgroup``);
+environment-variable readers for bounds (``env_seconds``); and the log flush to call before
+``os._exit``. The argument validators healthkit's own integrations share are not here: they
+are internal (``healthkit._shared``).
 """
 
 from healthkit._actions import flush_logging
 from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, decide_stall, stop_like
-from healthkit._errors import (
-    MAX_TIMEOUT_S,
-    check_bool,
-    check_bound,
-    check_callable,
-    check_choice,
-    check_exit_code,
-    check_int,
-    check_seconds,
-    check_timeout,
-)
+from healthkit._errors import MAX_TIMEOUT_S
 from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._jobnotice import publish_job_failure
 from healthkit._orphan import die_with_parent, set_thread_name
@@ -41,14 +34,6 @@ __all__ = [
     "STOP_SIGNALS",
     "StopEpisode",
     "Verdict",
-    "check_bool",
-    "check_bound",
-    "check_callable",
-    "check_choice",
-    "check_exit_code",
-    "check_int",
-    "check_seconds",
-    "check_timeout",
     "children",
     "current_episode",
     "decide",

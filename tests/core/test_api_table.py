@@ -32,6 +32,7 @@ from healthkit import (
     InvalidArgumentTypeError,
     ProcessWatch,
     WatchSet,
+    _shared,
     actions,
     lowlevel,
 )
@@ -498,29 +499,29 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     },
     "healthkit.lowlevel.set_thread_name": {"name": Case(lambda e: lowlevel.set_thread_name(5), T)},
     "healthkit.lowlevel.stop_like": {"status": Case(lambda e: lowlevel.stop_like(-15), T)},
-    "healthkit.lowlevel.check_bool": {
-        "value": Case(lambda e: lowlevel.check_bool(1, "flag"), T, "flag")
+    "healthkit._shared.check_bool": {
+        "value": Case(lambda e: _shared.check_bool(1, "flag"), T, "flag")
     },
-    "healthkit.lowlevel.check_bound": {
-        "value": Case(lambda e: lowlevel.check_bound(0, "bound"), named="bound")
+    "healthkit._shared.check_bound": {
+        "value": Case(lambda e: _shared.check_bound(0, "bound"), named="bound")
     },
-    "healthkit.lowlevel.check_callable": {
-        "value": Case(lambda e: lowlevel.check_callable(5, "fn"), T, "fn")
+    "healthkit._shared.check_callable": {
+        "value": Case(lambda e: _shared.check_callable(5, "fn"), T, "fn")
     },
-    "healthkit.lowlevel.check_choice": {
-        "value": Case(lambda e: lowlevel.check_choice("c", ("a", "b"), "mode"), named="mode")
+    "healthkit._shared.check_choice": {
+        "value": Case(lambda e: _shared.check_choice("c", ("a", "b"), "mode"), named="mode")
     },
-    "healthkit.lowlevel.check_exit_code": {
-        "value": Case(lambda e: lowlevel.check_exit_code(0, "code"), named="code")
+    "healthkit._shared.check_exit_code": {
+        "value": Case(lambda e: _shared.check_exit_code(0, "code"), named="code")
     },
-    "healthkit.lowlevel.check_int": {
-        "value": Case(lambda e: lowlevel.check_int(0, "n", minimum=1), named="n")
+    "healthkit._shared.check_int": {
+        "value": Case(lambda e: _shared.check_int(0, "n", minimum=1), named="n")
     },
-    "healthkit.lowlevel.check_seconds": {
-        "value": Case(lambda e: lowlevel.check_seconds(None, "wait"), named="wait")
+    "healthkit._shared.check_seconds": {
+        "value": Case(lambda e: _shared.check_seconds(None, "wait"), named="wait")
     },
-    "healthkit.lowlevel.check_timeout": {
-        "value": Case(lambda e: lowlevel.check_timeout(-1, "wait"), named="wait")
+    "healthkit._shared.check_timeout": {
+        "value": Case(lambda e: _shared.check_timeout(-1, "wait"), named="wait")
     },
     "healthkit.lowlevel.env_seconds": {
         "name": Case(lambda e: lowlevel.env_seconds("", 5), T),
@@ -588,7 +589,7 @@ CORE_EXEMPT = {
 }
 #: Arguments that configure a validator: given by the code that calls it, not by its user.
 CORE_EXEMPT_ARGUMENTS = {
-    f"healthkit.lowlevel.{fn}({arg})": "the validator's own configuration, given by code"
+    f"healthkit._shared.{fn}({arg})": "the validator's own configuration, given by code"
     for fn, args in {
         "check_bool": ["what"],
         "check_bound": ["what"],
@@ -606,6 +607,13 @@ CORE_EXEMPT_ARGUMENTS = {
 def test_every_public_callable_has_a_row() -> None:
     missing = missing_rows(PUBLIC_MODULES, CORE, CORE_EXEMPT, CORE_EXEMPT_ARGUMENTS)
     assert not missing, f"public API without a bad-input row in CORE: {missing}"
+
+
+def test_every_validator_the_integrations_share_has_a_row() -> None:
+    """Not public, but what refuses the integrations' bad input: the same convention."""
+    exempt = {"healthkit._shared.publish": "called by code at import, with its own names"}
+    missing = missing_rows([_shared], CORE, exempt, CORE_EXEMPT_ARGUMENTS)
+    assert not missing, f"shared validators without a bad-input row in CORE: {missing}"
 
 
 @pytest.mark.parametrize(("arg", "case"), cases(CORE))

@@ -7,6 +7,7 @@ Importing this imports torch and graphlearn-torch (``import healthkit`` does not
 """
 
 from healthkit import BarrierBrokenError, BarrierTimeoutError
+from healthkit._shared import publish
 from healthkit_glt._compat import glt_build, glt_version
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
@@ -94,9 +95,4 @@ __all__ = [
 # Each exported object reports the module users import (healthkit_glt.SamplingWorkerDiedError,
 # not healthkit_glt._producer.SamplingWorkerDiedError): in reprs, tracebacks and pickles. The
 # core's names re-exported here keep their own module (healthkit).
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or hasattr(_obj, "__code__"):
-        if getattr(_obj, "__module__", "").startswith("healthkit_glt._"):
-            _obj.__module__ = __name__
-del _name, _obj
+publish(__name__, (globals()[_name] for _name in __all__))

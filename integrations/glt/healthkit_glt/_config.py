@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import attrs
 
-from healthkit.lowlevel import check_bool, check_bound, env_seconds, read_env_seconds
+from healthkit._shared import check_bool, check_bound
+from healthkit.lowlevel import env_seconds, read_env_seconds
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",

@@ -39,7 +39,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from healthkit import WatchSet
-from healthkit.lowlevel import check_bound, env_seconds
+from healthkit._shared import check_bound
+from healthkit.lowlevel import env_seconds
 
 __all__ = [
     "CONNECTION_TIMEOUT_ENV",

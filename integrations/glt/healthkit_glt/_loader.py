@@ -38,7 +38,7 @@ from graphlearn_torch.sampler import (
 from graphlearn_torch.typing import Split
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
-from healthkit.lowlevel import check_bound
+from healthkit._shared import check_bound
 from healthkit_glt._compat import (
     collate,
     init_loader_state,

@@ -64,17 +64,15 @@ from healthkit import (
     ProgressWatch,
     stop,
 )
-from healthkit.lowlevel import (
-    MAX_TIMEOUT_S,
+from healthkit._shared import (
     check_bool,
     check_bound,
     check_callable,
     check_int,
     check_seconds,
     check_timeout,
-    decide_stall,
-    publish_job_failure,
 )
+from healthkit.lowlevel import MAX_TIMEOUT_S, decide_stall, publish_job_failure
 from healthkit.lowlevel import Verdict as Verdict
 from healthkit_glt._compat import RingSegment, seeds_indexes
 from healthkit_glt._config import (

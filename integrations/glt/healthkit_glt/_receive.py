@@ -48,7 +48,8 @@ from typing import Any, Literal, Protocol
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
 from healthkit import InvalidArgumentTypeError, ProcessWatch, WatchSet
-from healthkit.lowlevel import MAX_TIMEOUT_S, check_choice, check_int
+from healthkit._shared import check_choice, check_int
+from healthkit.lowlevel import MAX_TIMEOUT_S
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
 from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
 from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET

@@ -39,12 +39,7 @@ from graphlearn_torch.distributed import DistServer as _GLTDistServer
 from graphlearn_torch.sampler import RemoteSamplerInput
 
 from healthkit import BarrierBrokenError, InvalidArgumentTypeError
-from healthkit.lowlevel import (
-    check_bool,
-    check_bound,
-    check_int,
-    check_seconds,
-)
+from healthkit._shared import check_bool, check_bound, check_int, check_seconds
 from healthkit_glt._compat import install_server, set_server_context
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout

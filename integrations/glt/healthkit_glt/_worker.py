@@ -25,7 +25,8 @@ import attrs
 from graphlearn_torch.channel import ChannelBase
 
 from healthkit import BarrierBrokenError, BoundedBarrier, Heartbeat, InvalidArgumentTypeError
-from healthkit.lowlevel import check_bound, check_int, die_with_parent, flush_logging
+from healthkit._shared import check_bound, check_int
+from healthkit.lowlevel import die_with_parent, flush_logging
 from healthkit_glt._compat import set_rpc_timeout, set_worker_signal_handlers
 
 __all__ = [

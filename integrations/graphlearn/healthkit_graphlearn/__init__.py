@@ -21,6 +21,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from healthkit._shared import publish
 from healthkit_graphlearn._version import __version__ as __version__
 
 if TYPE_CHECKING:
@@ -133,12 +134,14 @@ def _publish(module: str) -> None:
     in reprs, tracebacks and pickles. Each private module calls it once it is defined, so
     this holds however the module came to be imported."""
     namespace = vars(sys.modules[module])
-    for name, owner in _EXPORTS.items():
-        obj = namespace.get(name)
-        if f"healthkit_graphlearn.{owner}" == module and (
-            isinstance(obj, type) or hasattr(obj, "__code__")
-        ):
-            obj.__module__ = __name__
+    publish(
+        __name__,
+        (
+            namespace[name]
+            for name, owner in _EXPORTS.items()
+            if f"healthkit_graphlearn.{owner}" == module and name in namespace
+        ),
+    )
 
 
 def __dir__() -> list[str]:

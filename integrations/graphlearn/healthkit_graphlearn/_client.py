@@ -18,7 +18,8 @@ from types import ModuleType
 import attrs
 
 from healthkit import InvalidArgumentTypeError
-from healthkit.lowlevel import MAX_TIMEOUT_S, check_int
+from healthkit._shared import check_int
+from healthkit.lowlevel import MAX_TIMEOUT_S
 from healthkit_graphlearn._gl_import import import_graphlearn
 
 __all__ = ["ClientRetryBudget", "shorten_client_retries"]

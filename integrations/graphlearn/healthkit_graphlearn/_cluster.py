@@ -26,7 +26,7 @@ import sys
 from typing import Any, Literal
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError
-from healthkit.lowlevel import check_choice, check_int
+from healthkit._shared import check_choice, check_int
 from healthkit_graphlearn._env import DistEnv, check_index
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import attrs
 
 from healthkit import InvalidArgumentError
-from healthkit.lowlevel import check_int
+from healthkit._shared import check_int
 
 __all__ = ["DistEnv", "check_index"]
 

@@ -23,7 +23,7 @@ from types import ModuleType
 import attrs
 
 from healthkit import HealthkitError, InvalidArgumentTypeError
-from healthkit.lowlevel import check_int
+from healthkit._shared import check_int
 from healthkit_graphlearn._gl_import import graphlearn_distribution, import_graphlearn
 
 __all__ = [

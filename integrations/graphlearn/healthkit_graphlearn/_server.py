@@ -61,8 +61,7 @@ from healthkit import (
     record_exception,
     stop,
 )
-from healthkit.actions import Action
-from healthkit.lowlevel import (
+from healthkit._shared import (
     check_bool,
     check_bound,
     check_callable,
@@ -70,10 +69,9 @@ from healthkit.lowlevel import (
     check_exit_code,
     check_seconds,
     check_timeout,
-    die_with_parent,
-    env_seconds,
-    set_thread_name,
 )
+from healthkit.actions import Action
+from healthkit.lowlevel import die_with_parent, env_seconds, set_thread_name
 from healthkit_graphlearn._env import DistEnv, check_index
 
 __all__ = [

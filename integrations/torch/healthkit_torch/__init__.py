@@ -16,6 +16,7 @@ except ImportError as _e:  # pragma: no cover - exercised by scripts/dists.sh's 
         "(pip install torch), then import healthkit_torch again"
     ) from _e
 
+from healthkit._shared import publish
 from healthkit_torch._loader import DataLoader, DataLoaderWorkerError, watch, watching_all
 from healthkit_torch._version import __version__ as __version__
 
@@ -23,9 +24,4 @@ __all__ = ["DataLoader", "DataLoaderWorkerError", "watch", "watching_all"]
 
 # Each exported object reports the module users import (healthkit_torch.DataLoaderWorkerError,
 # not healthkit_torch._loader.DataLoaderWorkerError): in reprs, tracebacks and pickles.
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or hasattr(_obj, "__code__"):
-        if getattr(_obj, "__module__", "").startswith("healthkit_torch._"):
-            _obj.__module__ = __name__
-del _name, _obj
+publish(__name__, (globals()[_name] for _name in __all__))

@@ -54,8 +54,9 @@ from healthkit import (
     ProcessDiedError,
     ProcessWatch,
 )
+from healthkit._shared import check_bool
 from healthkit.actions import FailureEvent, write_torchelastic_error_file
-from healthkit.lowlevel import check_bool, flush_logging
+from healthkit.lowlevel import flush_logging
 
 __all__ = ["DataLoader", "DataLoaderWorkerError", "watch", "watching_all"]
 
