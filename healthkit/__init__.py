@@ -27,6 +27,8 @@ from healthkit._errors import (
     NoSuchProcessError,
     ProcessDiedError,
     ProcessNotStartedError,
+    UnsupportedError,
+    UsageError,
     WatchClosedError,
 )
 from healthkit._progress import Heartbeat, ProgressWatch
@@ -63,6 +65,8 @@ __all__ = [
     "ProgressWatch",
     "SidecarError",
     "StopReport",
+    "UnsupportedError",
+    "UsageError",
     "WatchClosedError",
     "WatchSet",
     "actions",

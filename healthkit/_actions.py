@@ -25,6 +25,7 @@ from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ProcessDiedError,
+    UsageError,
     check_bool,
     check_exit_code,
     check_int,
@@ -391,9 +392,10 @@ class raise_in_main_thread:
 
     def prepare(self) -> None:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
+            raise UsageError(
                 "raise_in_main_thread needs the watchdog to be armed from the main thread "
-                "(signal handlers can only be installed there)"
+                "(signal handlers can only be installed there): arm it there, or use "
+                "exit_process"
             )
         if not self._installed:
             self._previous = signal.signal(self.signum, self._handler)

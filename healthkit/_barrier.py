@@ -31,6 +31,7 @@ from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     NoSuchProcessError,
+    UsageError,
     check_bound,
     check_callable,
     check_timeout,
@@ -331,7 +332,10 @@ class BoundedBarrier:
                 "diagnoser",
             )
         if not self._owner or os.getpid() != self._parent_pid:
-            raise RuntimeError("BoundedBarrier.wait() is for the process that created it")
+            raise UsageError(
+                "BoundedBarrier.wait() is for the process that created it; a worker calls "
+                "worker_wait(rank)"
+            )
         if len(workers) != self.parties:
             raise InvalidArgumentError(
                 f"expected {self.parties} workers, got {len(workers)}", "workers"

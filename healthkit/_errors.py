@@ -87,6 +87,17 @@ class InterpreterShutdownError(HealthkitError, RuntimeError):
     threads start, and the hooks that would disarm it have already run)."""
 
 
+class UsageError(HealthkitError, RuntimeError):
+    """Called where or when it cannot work: from another process or thread than the one it
+    needs, on an object already shut down, before the context it needs exists. The message
+    says what to do instead."""
+
+
+class UnsupportedError(HealthkitError, NotImplementedError):
+    """This machine (its kernel) or a library build lacks what the call needs; the message
+    says what to use instead."""
+
+
 class ProcessDiedError(HealthkitError, RuntimeError):
     """A watched process died; ``diagnosis`` says which one and most likely why."""
 

@@ -46,6 +46,7 @@ from healthkit._errors import (
     InvalidArgumentTypeError,
     NoSuchProcessError,
     ProcessNotStartedError,
+    UnsupportedError,
     WatchClosedError,
     check_bool,
     check_callable,
@@ -260,7 +261,7 @@ class ProcessWatch:
         elif HAVE_PIDFD and use_pidfd and self._open_pidfd():
             pass  # pinned by a pidfd (or found to be over already)
         elif self._process is None:
-            raise NotImplementedError(
+            raise UnsupportedError(
                 "watching a Popen or a bare pid needs pidfd (Linux >= 5.4); "
                 "watch a multiprocessing.Process instead"
             )

@@ -112,6 +112,8 @@ def _error_examples() -> dict[type[BaseException], BaseException]:
         InvalidArgumentError: InvalidArgumentError("kill_after must be >= 0", "kill_after"),
         InvalidArgumentTypeError: InvalidArgumentTypeError("name must be a str", "name"),
         healthkit.InterpreterShutdownError: healthkit.InterpreterShutdownError("shutdown"),
+        healthkit.UsageError: healthkit.UsageError("from another process"),
+        healthkit.UnsupportedError: healthkit.UnsupportedError("needs pidfd"),
         healthkit.ProcessDiedError: healthkit.ProcessDiedError("died", d),
         healthkit.BarrierBrokenError: healthkit.BarrierBrokenError("broken", **barrier),
         healthkit.BarrierTimeoutError: healthkit.BarrierTimeoutError("timed out", **barrier),

@@ -229,6 +229,24 @@ def test_the_teardown_hook_runs_after_the_diagnosis() -> None:
     finish(bb, procs)
 
 
+def _wait_in_a_child(bb: hk.BoundedBarrier) -> None:
+    try:
+        bb.wait([])
+    except hk.UsageError as e:
+        os._exit(3 if "worker_wait(rank)" in str(e) else 4)
+    os._exit(5)
+
+
+@pytest.mark.timeout(60)
+def test_wait_from_another_process_is_a_usage_error_that_says_what_to_call() -> None:
+    bb = hk.BoundedBarrier(1, timeout=60)
+    child = mp.get_context("fork").Process(target=_wait_in_a_child, args=(bb,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 3
+    bb.close()
+
+
 def test_worker_wait_gives_up_after_its_own_bound() -> None:
     bb = hk.BoundedBarrier(1, timeout=60)
     start = time.monotonic()

@@ -310,7 +310,7 @@ def test_raise_in_main_thread_refuses_to_arm_off_the_main_thread() -> None:
     def arm() -> None:
         try:
             wd.arm()
-        except RuntimeError as e:
+        except hk.UsageError as e:
             errors.append(e)
 
     t = threading.Thread(target=arm)

@@ -157,7 +157,7 @@ def test_shutdown_of_a_producer_that_never_started_is_a_safe_no_op(glt_context: 
     )
     producer.shutdown()
     producer.shutdown()
-    with pytest.raises(RuntimeError, match="not running"):
+    with pytest.raises(hk.UsageError, match="not running"):
         producer.recv()
     modes = "receiver must be one of 'auto', 'ring', 'thread'"
     with pytest.raises(hk.InvalidArgumentError, match=modes):
@@ -422,7 +422,7 @@ def test_closing_the_ring_reader_from_another_thread_ends_a_waiting_receive(
     closer = threading.Timer(0.5, receiver.close)
     try:
         closer.start()
-        with pytest.raises(RuntimeError, match="shut down during a receive"):
+        with pytest.raises(hk.UsageError, match="shut down during a receive"):
             receiver.receive()
         assert receiver.close()  # idempotent
     finally:
@@ -452,11 +452,11 @@ def test_a_signal_handler_that_closes_the_ring_reader_ends_its_receive_then_deta
     try:
         interrupter.start()
         t = time.monotonic()
-        with pytest.raises(RuntimeError, match="shut down during a receive"):
+        with pytest.raises(hk.UsageError, match="shut down during a receive"):
             receiver.receive()
         assert time.monotonic() - t < 10.0
         assert len(os.listdir("/proc/self/fd")) == fds  # pidfd and wake pipe closed
-        with pytest.raises(RuntimeError, match="shut down during a receive"):
+        with pytest.raises(hk.UsageError, match="shut down during a receive"):
             receiver.receive()
     finally:
         interrupter.join()
@@ -605,7 +605,7 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     assert _segments_of(os.getpid()) == before  # released by shutdown(), loader referenced
     assert shutdown_s < producer.grace + 2 * producer.kill_after
     assert again_s < 0.1
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(hk.UsageError, match="shut down"):
         iter(loader)
     del loader, producer, workers, runs
     gc.collect()

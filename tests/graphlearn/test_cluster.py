@@ -63,9 +63,9 @@ def test_without_torch_distributed_a_multi_process_job_is_refused() -> None:
         import torch.distributed as dist
 
         assert not dist.is_initialized()
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises(hk.UsageError, match="init_process_group"):
         hkgl.get_cluster_spec(host="127.0.0.1", env=DistEnv(world_size=2, local_world_size=2))
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises(hk.UsageError, match="init_process_group"):
         hkgl.get_cluster_spec(env=DistEnv(world_size=2, rank=1, local_world_size=2, local_rank=1))
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from healthkit import UsageError
 from healthkit_glt._stack import stack_error
 
 # The first graphlearn-torch import of the package (__init__ imports this module first): a
@@ -153,7 +154,7 @@ class _ReleasedQueue:
         self._shmid = shmid
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(
+        raise UsageError(
             f"this ShmChannel's shared memory (SysV segment {self._shmid}) was released when "
             "its sampling producer shut down; build a new loader"
         )

@@ -37,7 +37,7 @@ from graphlearn_torch.sampler import (
 )
 from graphlearn_torch.typing import Split
 
-from healthkit import InvalidArgumentError, InvalidArgumentTypeError, WatchSet
+from healthkit import InvalidArgumentError, InvalidArgumentTypeError, UsageError, WatchSet
 from healthkit._shared import check_bound
 from healthkit_glt._compat import (
     collate,
@@ -195,12 +195,12 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         )  # fmt: skip
         ctx = get_context()
         if ctx is None:
-            raise RuntimeError(
+            raise UsageError(
                 f"'{type(self).__name__}': the distributed context has not been initialized "
                 "(call graphlearn_torch.distributed.init_worker_group first)."
             )
         if not ctx.is_worker():
-            raise RuntimeError(
+            raise UsageError(
                 f"'{type(self).__name__}': multiprocessing sampling workers need a non-server "
                 f"distribution mode; the current role is {ctx.role}."
             )
@@ -247,7 +247,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
         )  # fmt: skip
         ctx = get_context()
         if ctx is None or not ctx.is_client():
-            raise RuntimeError(
+            raise UsageError(
                 f"'{type(self).__name__}': RemoteDistSamplingWorkerOptions need a client "
                 "process (call graphlearn_torch.distributed.init_client first)"
             )
@@ -327,7 +327,7 @@ class DistNeighborLoader(_GLTDistNeighborLoader):  # type: ignore[misc]
             if failure is not None:
                 raise failure
             if self._shutdowned:
-                raise RuntimeError(f"'{type(self).__name__}' was shut down")
+                raise UsageError(f"'{type(self).__name__}' was shut down")
         if self._remote:
             self._start_remote_epoch()
             return self

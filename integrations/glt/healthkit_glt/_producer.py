@@ -62,6 +62,7 @@ from healthkit import (
     ProcessDiedError,
     ProcessWatch,
     ProgressWatch,
+    UsageError,
     stop,
 )
 from healthkit._shared import (
@@ -585,7 +586,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             raise self._failure
         receiver = self._receiver
         if receiver is None or self._shutdown:
-            raise RuntimeError("this DistSamplingProducer is not running (init() or shut down)")
+            raise UsageError("this DistSamplingProducer is not running (init() or shut down)")
         try:
             msg, ended = self._receive(receiver, timeout_ms / 1000 if timeout_ms else None)
         except ErrorReported as report:

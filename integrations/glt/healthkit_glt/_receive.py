@@ -47,7 +47,7 @@ from typing import Any, Literal, Protocol
 
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
-from healthkit import InvalidArgumentTypeError, ProcessWatch, WatchSet
+from healthkit import InvalidArgumentTypeError, ProcessWatch, UsageError, WatchSet
 from healthkit._shared import check_choice, check_int
 from healthkit.lowlevel import MAX_TIMEOUT_S
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
@@ -336,7 +336,7 @@ class RingReceiver:
     def receive(self, timeout: float | None = None) -> tuple[Any, list[ProcessWatch]]:
         with self._lock:
             if self._closed:
-                raise RuntimeError("the sampling producer was shut down during a receive")
+                raise UsageError("the sampling producer was shut down during a receive")
             self._receiving = True
             try:
                 header, words, sems, poll, recv, flag = self._hot
@@ -372,7 +372,7 @@ class RingReceiver:
         """After the exit set polled readable: the ended workers (raises if the receiver
         was closed, or :class:`ErrorReported` for a reported sampling error)."""
         if self._closed:
-            raise RuntimeError("the sampling producer was shut down during a receive")
+            raise UsageError("the sampling producer was shut down during a receive")
         return self._exits.ended()
 
     def stop(self) -> None:

@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any, Literal
 
-from healthkit import InvalidArgumentError, InvalidArgumentTypeError
+from healthkit import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from healthkit._shared import check_choice, check_int
 from healthkit_graphlearn._env import DistEnv, check_index
 
@@ -162,7 +162,7 @@ def exchange_server_addresses(
     dist = _initialized_dist(group)
     if dist is None:
         if env.world_size > 1 or address is None:
-            raise RuntimeError(
+            raise UsageError(
                 f"WORLD_SIZE={env.world_size}, LOCAL_RANK={env.local_rank} but torch.distributed "
                 "is not initialized, so the server addresses cannot be shared: call "
                 "torch.distributed.init_process_group() first, or build the cluster spec "
@@ -213,7 +213,7 @@ def _all_reduce(dist: Any, address: str | None, env: DistEnv, group: Any) -> str
     rows = table.cpu().tolist()
     missing = [i for i, row in enumerate(rows) if row[4] == 0]
     if missing:
-        raise RuntimeError(
+        raise UsageError(
             f"no server address from node(s) {missing}: their LOCAL_RANK 0 passed none "
             "(every node needs one rank with LOCAL_RANK=0 calling this)"
         )
@@ -229,13 +229,13 @@ def _all_gather(dist: Any, address: str | None, env: DistEnv, group: Any) -> str
         if addr is None:
             continue
         if by_node.setdefault(node, addr) != addr:
-            raise RuntimeError(
+            raise UsageError(
                 f"two ranks claim to run the server of node GROUP_RANK={node} "
                 f"({by_node[node]} and {addr}): check LOCAL_RANK/GROUP_RANK"
             )
     missing = sorted(set(range(max(by_node, default=-1) + 1)) - set(by_node))
     if missing or not by_node:
-        raise RuntimeError(
+        raise UsageError(
             f"no server address from node(s) {missing or [0]}: their LOCAL_RANK 0 passed none "
             "(every node needs one rank with LOCAL_RANK=0 calling this)"
         )

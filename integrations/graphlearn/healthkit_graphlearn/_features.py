@@ -22,7 +22,7 @@ from types import ModuleType
 
 import attrs
 
-from healthkit import HealthkitError, InvalidArgumentTypeError
+from healthkit import InvalidArgumentTypeError, UnsupportedError
 from healthkit._shared import check_int
 from healthkit_graphlearn._gl_import import graphlearn_distribution, import_graphlearn
 
@@ -51,7 +51,7 @@ _skipped_lock = threading.Lock()
 _skipped: set[str] = set()
 
 
-class GraphLearnFeatureError(HealthkitError, NotImplementedError):
+class GraphLearnFeatureError(UnsupportedError):
     """The graph-learn build in use lacks a function the caller needs; the message names
     the function and the build."""
 
