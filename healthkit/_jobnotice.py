@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from healthkit import _runtime
 from healthkit._diagnosis import Cause, Diagnosis
 from healthkit._errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -326,8 +327,8 @@ class StoreLink:
     thread whose C++ ``wait`` returns once finalization has begun (this rank hosts the store,
     or the store goes away) is ended by CPython with a forced unwind through torch's frames,
     and the process aborts ("terminate called without an active exception", SIGABRT). So the
-    listener is closed and joined before finalization (a ``threading._register_atexit``
-    hook). The publisher writes the notice key first, then every slot taken so far; a
+    listener is closed and joined before finalization (the ``"threads"`` phase of
+    :mod:`healthkit._runtime`'s exit sequence). The publisher writes the notice key first, then every slot taken so far; a
     listener checks the notice key after taking its slot, so it cannot miss a notice
     published between the two.
     """
@@ -521,11 +522,9 @@ def _timedelta(seconds: float) -> Any:
 # the parent's).
 _lock = threading.Lock()
 _link: StoreLink | None = None
-_subscribers: list[Subscriber] = []
 _told: JobFailure | None = None  # the notice this process got (it then never publishes)
 _published = False  # this process published the job's failure
 _said_unavailable = False
-_fork_hook = False
 
 
 # Links a forked child inherited: kept, never used and never destroyed there. A TCPStore
@@ -541,7 +540,6 @@ def _after_fork_in_child() -> None:
         _inherited.append(_link)
     _link = None
     _pending.clear()
-    _subscribers.clear()
     _told = None
     _published = False
 
@@ -552,20 +550,14 @@ def _deliver(failure: JobFailure) -> None:
         if failure.origin_pid == os.getpid():
             return  # our own (published here, or by our sidecar for us)
         _told = failure
-        subscribers = list(_subscribers)
-    if not subscribers:
+    if not _runtime.publish(_runtime.JOB_FAILURE, failure):
         logger.debug("job notice: %s (no watchdog armed here: nothing to stop)",
                     failure.diagnosis())
-    for subscriber in subscribers:
-        try:
-            subscriber(failure)
-        except Exception:
-            logger.exception("job notice: a subscriber failed")
 
 
 def start(scope: JobScope | None = None) -> StoreLink | None:
     """Start this process's link (idempotent); ``None`` outside a launcher with a store."""
-    global _link, _said_unavailable, _fork_hook
+    global _link, _said_unavailable
     scope = scope or JobScope.from_env()
     with _lock:
         if scope is None:
@@ -581,12 +573,8 @@ def start(scope: JobScope | None = None) -> StoreLink | None:
                 )
             return None
         if _link is None:
-            if not _fork_hook:
-                os.register_at_fork(after_in_child=_after_fork_in_child)
-                register = getattr(threading, "_register_atexit", None)
-                if register is not None:
-                    register(close)  # before finalization: see StoreLink
-                _fork_hook = True
+            _runtime.at_fork_in_child("the parent's job link", _after_fork_in_child)
+            _runtime.at_exit("threads", "close the job link", close)  # see StoreLink
             _link = StoreLink(scope, _deliver)
         return _link
 
@@ -597,17 +585,6 @@ def close() -> None:
     if link is not None:
         link.close()
 
-
-def subscribe(callback: Subscriber) -> None:
-    with _lock:
-        if callback not in _subscribers:
-            _subscribers.append(callback)
-
-
-def unsubscribe(callback: Subscriber) -> None:
-    with _lock:
-        if callback in _subscribers:
-            _subscribers.remove(callback)
 
 
 def told() -> JobFailure | None:

@@ -60,6 +60,7 @@ from typing import Any, Final
 
 import attrs
 
+from healthkit import _runtime
 from healthkit._decide import Decision, Verdict, decide_stall
 from healthkit._diagnosis import Cause, Diagnosis
 from healthkit._errors import (
@@ -99,7 +100,7 @@ def _after_fork_in_child() -> None:
     _fork_generation += 1
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_runtime.at_fork_in_child("fresh progress-page locks", _after_fork_in_child)
 
 
 def _fence() -> None:

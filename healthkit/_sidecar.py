@@ -102,7 +102,7 @@ from typing import Any
 
 import attrs
 
-from healthkit import _jobnotice, _judge, _stopsignals
+from healthkit import _jobnotice, _judge, _runtime, _stopsignals
 from healthkit._actions import (
     TORCHELASTIC_ERROR_FILE,
     FailureEvent,
@@ -117,7 +117,7 @@ from healthkit._errors import HealthkitError, NoSuchProcessError
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._proc import ProcStat, group_members, read_pending_signals, read_proc_stat
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
-from healthkit._stop import add_stopping_listener, remove_stopping_listener, stop, watch_tree
+from healthkit._stop import stop, watch_tree
 from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
 
@@ -332,9 +332,9 @@ class SidecarLink:
             )
         # From here on every stop signal and every healthkit.stop() target is announced
         # before it can matter; the ones before are sent once, now.
-        _stopsignals.subscribe(self._stop_signal)
-        _stopsignals.subscribe_survived(self._survived)
-        add_stopping_listener(self._stopping)
+        _runtime.subscribe(_runtime.STOP_SIGNAL, self._stop_signal)
+        _runtime.subscribe(_runtime.STOP_SURVIVED, self._survived)
+        _runtime.subscribe(_runtime.STOPPING, self._stopping)
         for sig, at, seen in _stopsignals.history():
             if seen != "pending":
                 self._stop_signal(sig, at)
@@ -514,9 +514,9 @@ class SidecarLink:
 
     def close(self) -> None:
         """Release the socket (the sidecar, if alive, exits on end-of-file) and reap it."""
-        _stopsignals.unsubscribe(self._stop_signal)
-        _stopsignals.unsubscribe_survived(self._survived)
-        remove_stopping_listener(self._stopping)
+        _runtime.unsubscribe(_runtime.STOP_SIGNAL, self._stop_signal)
+        _runtime.unsubscribe(_runtime.STOP_SURVIVED, self._survived)
+        _runtime.unsubscribe(_runtime.STOPPING, self._stopping)
         if self._closed:
             return
         self._closed = True
@@ -701,7 +701,9 @@ def _link_main(argv: list[str]) -> int:
     link = _jobnotice.start(scope)
     if link is None:
         return 0
-    _jobnotice.subscribe(lambda f: send(op="notice", notice=f.to_bytes().decode()))
+    _runtime.subscribe(
+        _runtime.JOB_FAILURE, lambda f: send(op="notice", notice=f.to_bytes().decode())
+    )
 
     def tell_ready() -> None:
         link._ready.wait()

@@ -38,7 +38,6 @@ relies on SIGUSR2 must unblock it itself.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import faulthandler
 import logging
@@ -50,6 +49,7 @@ import time
 from collections.abc import Iterable
 from typing import IO
 
+from healthkit import _runtime
 from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -77,7 +77,6 @@ logger = logging.getLogger("healthkit")
 DEFAULT_SIGNAL = signal.SIGUSR2
 _HEADER = "healthkit-stack-dump pid={pid} start_time={start} signal={signum}\n"
 _open_files: dict[str, tuple[IO[str], int]] = {}
-_atexit_registered = False
 # (pid, start time) -> (signal, monotonic time) of every dump request this process sent.
 _signalled: dict[tuple[int, int | None], tuple[int, float]] = {}
 # Signals this process set to SIG_IGN when it withdrew an opt-in.
@@ -237,13 +236,10 @@ def _enable(directory: str, sig: signal.Signals, *, private: bool) -> str | None
     f.flush()
     faulthandler.register(sig, file=f, all_threads=True, chain=False)
     _open_files[path] = (f, int(sig))
-    global _atexit_registered
-    if not _atexit_registered:
-        # atexit, not threading's earlier hook: stacks stay available while the interpreter
-        # joins non-daemon threads, the most common place to hang at exit.
-        atexit.register(_withdraw_all)
-        os.register_at_fork(after_in_child=_forget_after_fork)
-        _atexit_registered = True
+    # At atexit, not threading's earlier phase: stacks stay available while the interpreter
+    # joins non-daemon threads, the most common place to hang at exit.
+    _runtime.at_exit("atexit", "withdraw the stack-dump opt-ins", _withdraw_all)
+    _runtime.at_fork_in_child("forget the parent's stack-dump opt-ins", _forget_after_fork)
     return path
 
 

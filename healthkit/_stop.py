@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -23,6 +22,7 @@ from multiprocessing.process import BaseProcess
 
 import attrs
 
+from healthkit import _runtime
 from healthkit._errors import (
     PID_MAX_LIMIT,
     InvalidArgumentError,
@@ -36,8 +36,6 @@ from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
 
 __all__ = [
     "StopReport",
-    "add_stopping_listener",
-    "remove_stopping_listener",
     "stop",
     "stopped_by_healthkit",
     "watch_tree",
@@ -50,7 +48,6 @@ logger = logging.getLogger("healthkit")
 # reports a process healthkit itself ended (a SIGTERM handler that stops a helper which
 # ignores SIGTERM: the SIGKILL that follows is ours, not the OOM killer's).
 _stopping: collections.deque[tuple[int, int | None]] = collections.deque(maxlen=4096)
-_stopping_listeners: list[Callable[[int, int | None], None]] = []
 _stopping_lock = threading.Lock()
 
 
@@ -62,46 +59,25 @@ def stopped_by_healthkit(pid: int, start_time: int | None) -> bool:
         )
 
 
-_fork_hook = False
-
-
-def _forget_listeners_in_child() -> None:
-    """A forked child's listeners are its parent's (a sidecar link's socket among them):
-    a stop() the child makes is not the parent's, and must not be announced as such. (The
-    lock is new too: another thread of the parent may have held it at the fork.)"""
+def _fresh_lock_in_child() -> None:
+    """Another thread of the parent may have held the lock at the fork. (The child's
+    subscribers are dropped by :mod:`healthkit._runtime`: a stop() the child makes is not
+    the parent's, and must not be announced to the parent's sidecar.)"""
     global _stopping_lock
     _stopping_lock = threading.Lock()
-    _stopping_listeners.clear()
 
 
-def add_stopping_listener(fn: Callable[[int, int | None], None]) -> None:
-    """Call ``fn(pid, start_time)`` before :func:`stop` signals or asks a process to end."""
-    global _fork_hook
-    with _stopping_lock:
-        if not _fork_hook:
-            os.register_at_fork(after_in_child=_forget_listeners_in_child)
-            _fork_hook = True
-        if fn not in _stopping_listeners:
-            _stopping_listeners.append(fn)
-
-
-def remove_stopping_listener(fn: Callable[[int, int | None], None]) -> None:
-    with _stopping_lock, contextlib.suppress(ValueError):
-        _stopping_listeners.remove(fn)
+_runtime.at_fork_in_child("a fresh lock for stop()'s record", _fresh_lock_in_child)
 
 
 def _note_stopping(watches: Iterable[ProcessWatch]) -> None:
+    """Record that :func:`stop` sets out to end ``watches``, and announce each one
+    (:data:`healthkit._runtime.STOPPING`): a sidecar not told would report it as a failure."""
     keys = [(w.pid, w.start_time) for w in watches]
     with _stopping_lock:
         _stopping.extend(keys)
-        listeners = list(_stopping_listeners)
-    for fn in listeners:
-        for pid, start_time in keys:
-            try:
-                fn(pid, start_time)
-            except Exception:  # a sidecar not told would report this stop as a failure
-                logger.warning("telling %r that pid %d is being stopped failed", fn, pid,
-                               exc_info=True)
+    for pid, start_time in keys:
+        _runtime.publish(_runtime.STOPPING, pid, start_time)
 
 StopTarget = ProcessWatch | BaseProcess | subprocess.Popen[bytes] | subprocess.Popen[str] | int
 

@@ -62,11 +62,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Final, Literal
 
 import attrs
 
+from healthkit import _runtime
 from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -92,12 +93,8 @@ __all__ = [
     "pending_stop",
     "release_witness",
     "start_without_signals",
-    "subscribe",
-    "subscribe_survived",
     "survived_marks",
     "take_signals_again",
-    "unsubscribe",
-    "unsubscribe_survived",
     "witness_pid",
     "witness_watch",
     "died_at",
@@ -375,11 +372,9 @@ class _Listener:
         # that thread is inside history().
         self.lock = threading.RLock()
         self.history: collections.deque[Signal] = collections.deque(maxlen=_HISTORY)
-        self.subscribers: list[Callable[[signal.Signals, float], None]] = []
         # When the application said it carries on after a stop (note_stop_survived), and
         # who hears of it (the sidecars).
         self.survived: collections.deque[float] = collections.deque(maxlen=_HISTORY)
-        self.survived_subscribers: list[Callable[[float], None]] = []
         self.handlers = HandlerWatch(self.pid)
         # When each stop signal pending now, or being handled now, was first seen: one
         # episode with one start however many looks see it (a signal left blocked would
@@ -425,9 +420,7 @@ class _Listener:
         self.history.append((sig, when, seen))
         if seen in ("pending", "handling"):
             return  # a sidecar reads the owner's /proc itself
-        for fn in list(self.subscribers):
-            with contextlib.suppress(Exception):
-                fn(sig, when)
+        _runtime.publish(_runtime.STOP_SIGNAL, sig, when)
 
     def _relay(self, data: bytes) -> None:
         fd = self.app_fd
@@ -705,7 +698,6 @@ def _this_witness() -> Witness | None:
 _listener: _Listener | None = None
 _install_lock = threading.Lock()
 _real_set_wakeup_fd = signal.set_wakeup_fd
-_at_fork_registered = False
 
 
 def _set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
@@ -737,7 +729,7 @@ def install() -> bool:
     wakeup fd can only be set from the main thread); delivered stop signals then leave no
     trace, and only pending ones and :func:`note_stop` are seen.
     """
-    global _listener, _at_fork_registered
+    global _listener
     with _install_lock:
         if _listener is not None and _listener.pid == os.getpid():
             return True
@@ -755,9 +747,7 @@ def install() -> bool:
         _listener = listener
         signal.set_wakeup_fd = _set_wakeup_fd
         start_without_signals(listener.thread)
-        if not _at_fork_registered:
-            os.register_at_fork(after_in_child=_reset_in_child)
-            _at_fork_registered = True
+        _runtime.at_fork_in_child("the parent's stop-signal listener and witness", _reset_in_child)
         return True
 
 
@@ -897,28 +887,10 @@ def note_stop_survived(*, witnesses: Iterable[int] = ()) -> float | None:
     with listener.lock:
         now = time.monotonic()
         listener.survived.append(now)
-        for fn in list(listener.survived_subscribers):
-            with contextlib.suppress(Exception):
-                fn(now)
+        _runtime.publish(_runtime.STOP_SURVIVED, now)
     return now
 
 
-def subscribe_survived(fn: Callable[[float], None]) -> None:
-    """Call ``fn(when)`` each time the application says it survived a stop."""
-    listener = _here()
-    if listener is None:
-        return
-    with listener.lock:
-        if fn not in listener.survived_subscribers:
-            listener.survived_subscribers.append(fn)
-
-
-def unsubscribe_survived(fn: Callable[[float], None]) -> None:
-    listener = _here()
-    if listener is None:
-        return
-    with listener.lock, contextlib.suppress(ValueError):
-        listener.survived_subscribers.remove(fn)
 
 
 def may_be_taking_stop() -> bool:
@@ -954,21 +926,3 @@ def note_stop(signum: int = signal.SIGTERM) -> None:
     with listener.lock:
         listener._record(sig, time.monotonic(), "noted")
 
-
-def subscribe(fn: Callable[[signal.Signals, float], None]) -> None:
-    """Call ``fn(signal, when)`` for each stop signal delivered or noted from now on (before
-    its byte is consumed, so a peeking sidecar never misses it between the two)."""
-    listener = _here()
-    if listener is None:
-        return
-    with listener.lock:
-        if fn not in listener.subscribers:
-            listener.subscribers.append(fn)
-
-
-def unsubscribe(fn: Callable[[signal.Signals, float], None]) -> None:
-    listener = _here()
-    if listener is None:
-        return
-    with listener.lock, contextlib.suppress(ValueError):
-        listener.subscribers.remove(fn)

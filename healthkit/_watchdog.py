@@ -1,15 +1,11 @@
 """DisarmableWatchdog: fail the job in milliseconds when a helper dies, never on a clean
 teardown.
 
-Shutdown ordering (the false-positive path). At normal interpreter exit CPython runs, in
-order: (1) callbacks registered with ``threading._register_atexit``, (2) the join of every
-non-daemon thread, (3) ``atexit`` hooks, LIFO, among them ``multiprocessing.util``'s
-``_exit_function`` which SIGTERMs daemon children. ``log_to_stderr()`` re-registers that
-hook, so ordering by ``atexit`` registration made at arm time breaks if a user calls it
-after arming. So step (1) only registers the disarm as an ``atexit`` hook: registered then,
-it is the newest hook and runs first in step (3), before any teardown of daemon children,
-and the watchdog still watches while non-daemon threads finish in step (2) (a helper death
-then would otherwise hang that join). The hook is installed lazily on the first ``arm()``.
+Shutdown ordering (the false-positive path): the watchdogs keep watching while the
+interpreter joins non-daemon threads, and are disarmed by the first ``atexit`` hook, before
+multiprocessing's teardown of daemon children; :mod:`healthkit._runtime` owns that sequence
+(and the fork hook that leaves a forked child's inherited watchdogs inert). Installed lazily
+on the first ``arm()``.
 
 Stops are not failures: :mod:`healthkit._stopsignals` records when this process is asked to
 stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
@@ -29,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-from healthkit import _jobnotice, _stopsignals
+from healthkit import _jobnotice, _runtime, _stopsignals
 from healthkit._actions import (
     Action,
     FailureEvent,
@@ -81,19 +77,6 @@ _INTERRUPT_NEAR_S = 5.0
 # Strong references on purpose: an armed watchdog must outlive its last user reference
 # (``DisarmableWatchdog([p]).arm()`` is a valid way to use it) until it is disarmed.
 _ARMED: set[DisarmableWatchdog] = set()
-_hooks_installed = False
-_hooks_lock = threading.Lock()
-
-
-def _at_threading_shutdown() -> None:
-    """Step (1) of interpreter exit: keep watching through the join of non-daemon threads,
-    and disarm from the newest ``atexit`` hook, before multiprocessing's own."""
-    import atexit
-
-    try:
-        atexit.register(_disarm_all_at_shutdown)
-    except Exception:  # atexit already running: disarm now rather than never
-        _disarm_all_at_shutdown()
 
 
 _AT_SHUTDOWN = "interpreter shutdown"
@@ -163,19 +146,11 @@ _WITNESS = _SharedWitness()
 
 
 def _install_hooks() -> None:
-    global _hooks_installed
-    with _hooks_lock:
-        if _hooks_installed:
-            return
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            register(_at_threading_shutdown)
-        else:  # pragma: no cover - CPython < 3.9
-            import atexit
-
-            atexit.register(_disarm_all_at_shutdown)
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _hooks_installed = True
+    """Disarm every armed watchdog first at ``atexit`` (keep watching through the join of
+    non-daemon threads, disarm before multiprocessing's teardown of daemon children), and
+    leave the parent's watchdogs inert in a forked child (see :mod:`healthkit._runtime`)."""
+    _runtime.at_exit("atexit", "disarm the armed watchdogs", _disarm_all_at_shutdown)
+    _runtime.at_fork_in_child("the parent's armed watchdogs go inert", _after_fork_in_child)
 
 
 def _check_target(target: object, what: str) -> None:
@@ -586,7 +561,10 @@ class DisarmableWatchdog:
         if link is None:
             return None
         if not self._interactive:
-            _jobnotice.subscribe(self._follow if self.mode == "thread" else self._tell_sidecar)
+            _runtime.subscribe(
+                _runtime.JOB_FAILURE,
+                self._follow if self.mode == "thread" else self._tell_sidecar,
+            )
         return link.scope
 
     def _tell_sidecar(self, failure: _jobnotice.JobFailure) -> None:
@@ -668,8 +646,8 @@ class DisarmableWatchdog:
             sidecar, self._sidecar = self._sidecar, None
             witness, self._witness = self._witness, None
             trackers = self._stop_progress(sidecar)
-        _jobnotice.unsubscribe(self._follow)
-        _jobnotice.unsubscribe(self._tell_sidecar)
+        _runtime.unsubscribe(_runtime.JOB_FAILURE, self._follow)
+        _runtime.unsubscribe(_runtime.JOB_FAILURE, self._tell_sidecar)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()
