@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import healthkit
-from healthkit._cli import main
-from healthkit._doctor import checks, report
 from healthkit._evidence import find_memory_cgroup
+from healthkit._tools.cli import main
+from healthkit._tools.doctor import checks, report
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -76,7 +76,7 @@ def test_demo_worker_hang_at_init_shows_where_it_hangs() -> None:
     without, with_ = proc.stdout.split("[2/2] with healthkit")
     assert "STILL HUNG after 4 s" in without
     assert re.search(r"sampling init barrier timed out after 6\.\d\ds \(bound 6s\)", with_)
-    assert re.search(r'File ".*_demo.py", line \d+ in connect_to_feature_store', with_)
+    assert re.search(r'File ".*_tools/demo.py", line \d+ in connect_to_feature_store', with_)
     assert "raise $SAMPLING_RPC_INIT_TIMEOUT_SECONDS (this bound is 3 x it)" in with_
 
 
@@ -283,8 +283,8 @@ def test_demo_helper_stall_hangs_without_and_fails_with_the_stuck_helpers_stack(
         r"sampler-server \(pid \d+\) stalled: no progress for 2\.\d s while rank 0 waited for "
         r"a batch: it is alive and blocked: state S in futex", with_
     ), with_
-    assert re.search(r'File ".*_demo.py", line \d+ in refresh_neighbour_cache', with_), with_
-    assert re.search(r'File ".*_demo.py", line \d+ in _stalling_server', with_), with_
+    assert re.search(r'File ".*_tools/demo.py", line \d+ in refresh_neighbour_cache', with_), with_
+    assert re.search(r'File ".*_tools/demo.py", line \d+ in _stalling_server', with_), with_
     assert "without healthkit:   still hung after 4 s; the log names no cause" in proc.stdout
     assert re.search(r"with healthkit:      failed \d+\.\d\d s after the helper stalled",
                      proc.stdout)

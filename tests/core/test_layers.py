@@ -64,3 +64,22 @@ def test_publish_names_the_public_module_nested_classes_too_and_leaves_others() 
     assert foreign.__module__ == "otherpkg._private"
     publish("pkg.sub", [Outer])  # already public: left as it is
     assert Outer.__module__ == "pkg"
+
+
+def test_the_library_never_imports_the_command() -> None:
+    """``healthkit._tools`` (the ``healthkit`` command and its demo) sits on top of the
+    library: only ``python -m healthkit`` (``__main__``) and the command's own modules
+    import it."""
+    library = [
+        p
+        for p in (ROOT / "healthkit").rglob("*.py")
+        if "_tools" not in p.parts and p.name != "__main__.py"
+    ]
+    assert len(library) > 20
+    importers = [
+        str(p.relative_to(ROOT))
+        for p in library
+        if re.search(r"healthkit\._tools|_tools\b", p.read_text())
+    ]
+    assert not importers, importers
+    assert "healthkit._tools.cli" in (ROOT / "healthkit" / "__main__.py").read_text()

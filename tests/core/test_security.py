@@ -311,7 +311,7 @@ def test_a_process_named_like_an_oom_record_cannot_confirm_an_oom_kill(
         diagnoser.close()
     assert d.cause is Cause.SIGKILL_UNCONFIRMED, str(d)
     assert "confirmed" not in d.likely.replace("unconfirmed", "")
-    from healthkit._cli import main
+    from healthkit._tools.cli import main
 
     assert main(["explain", "-9", "--pid", str(victim.pid)]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from healthkit._demo import run
+from healthkit._tools.demo import run
 
 
 @pytest.mark.timeout(240)

@@ -362,7 +362,7 @@ def test_the_two_node_demo_shows_the_hang_and_the_named_cause_on_both_nodes() ->
     for line in subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True,
                                text=True).stdout.splitlines():
         pid, stat, args = line.split(None, 2)
-        if "healthkit._demo_multinode" in args and not stat.startswith("Z"):
+        if "healthkit._tools.demo_multinode" in args and not stat.startswith("Z"):
             left.append(pid)
     assert left == [], f"the demo left its ranks running: {left}"
     assert proc.returncode == 0, out + proc.stderr

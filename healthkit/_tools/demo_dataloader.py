@@ -1,7 +1,7 @@
 """``healthkit demo --scenario dataloader-oom``: a DataLoader worker OOM-killed, the error a
 training loop gets from stock torch, and the one it gets with ``healthkit_torch``.
 
-The training loop runs in a process of its own (``python -m healthkit._demo_dataloader``),
+The training loop runs in a process of its own (``python -m healthkit._tools.demo_dataloader``),
 once with a stock ``DataLoader`` and once with ``healthkit_torch.watch``. Worker 1 moves
 itself into a memory cgroup limited to 256 MiB when this machine lets the demo make one, and
 allocates until the kernel's OOM killer ends it; elsewhere it SIGKILLs itself, which is what
@@ -72,7 +72,7 @@ def run_one(guarded: bool, cgroup_dir: str | None, timeout: float) -> tuple[floa
     env.setdefault("PYTHONWARNINGS", "ignore")
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "healthkit._demo_dataloader", "hk" if guarded else "stock",
+        [sys.executable, "-m", "healthkit._tools.demo_dataloader", "hk" if guarded else "stock",
          cgroup_dir or "-"],
         capture_output=True, text=True, timeout=timeout, env=env,
     )

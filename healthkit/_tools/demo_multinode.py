@@ -10,7 +10,7 @@ the demo gives up and its log names nothing; with it, both nodes end within a se
 each node's torchrun summary names the helper and how it died.
 
 This module runs in two roles: the demo driver (``run``), and each rank of the job (run by
-torchrun as ``python -m healthkit._demo_multinode``; only that role imports torch).
+torchrun as ``python -m healthkit._tools.demo_multinode``; only that role imports torch).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class _Agent:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                "--nproc_per_node=2", "--rdzv_backend=c10d",
                f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}", "--max_restarts=0",
-               "--monitor_interval=0.1", "-m", "healthkit._demo_multinode"]  # fmt: skip
+               "--monitor_interval=0.1", "-m", "healthkit._tools.demo_multinode"]  # fmt: skip
         if guarded:
             cmd.append("--healthkit")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",

@@ -481,7 +481,7 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
     if scenario == "two-nodes":  # torchrun agents: its own module (it needs torch)
-        from healthkit import _demo_multinode
+        from healthkit._tools import demo_multinode as _demo_multinode
 
         two = _demo_multinode.run(hang_timeout, out)
         return {
@@ -543,7 +543,7 @@ def run(scenario: str, hang_timeout: float, out: TextIO = sys.stdout) -> dict[st
 
 def _run_dataloader_scenario(console: Console, hang_timeout: float) -> dict[str, RunResult]:
     """A DataLoader worker OOM-killed: the error the training loop gets, stock and watched."""
-    from healthkit import _demo_dataloader
+    from healthkit._tools import demo_dataloader as _demo_dataloader
 
     console.line("healthkit demo: dataloader-oom")
     console.line("A training loop reads a DataLoader with 2 worker processes. Worker 1 keeps a "

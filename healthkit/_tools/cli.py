@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a real job whose helper dies, without and with "
                           "healthkit")
-    from healthkit._demo import SCENARIOS
+    from healthkit._tools.demo import SCENARIOS
 
     demo.add_argument("--scenario", choices=SCENARIOS, default="server-oom")
     demo.add_argument("--hang-timeout", type=_seconds("--hang-timeout"), default=20.0,
@@ -149,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        from healthkit._demo import run
+        from healthkit._tools.demo import run
 
         run(args.scenario, args.hang_timeout)
         return 0
     if args.command == "doctor":
-        from healthkit._doctor import report
+        from healthkit._tools.doctor import report
 
         return report(sys.stdout, proc_root=args.proc_root, cgroup_root=args.cgroup_root,
                       kmsg_path=args.kmsg, shm_path=args.shm, strict=args.strict)
