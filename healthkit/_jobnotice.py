@@ -328,9 +328,9 @@ class StoreLink:
     or the store goes away) is ended by CPython with a forced unwind through torch's frames,
     and the process aborts ("terminate called without an active exception", SIGABRT). So the
     listener is closed and joined before finalization (the ``"threads"`` phase of
-    :mod:`healthkit._runtime`'s exit sequence). The publisher writes the notice key first, then every slot taken so far; a
-    listener checks the notice key after taking its slot, so it cannot miss a notice
-    published between the two.
+    :mod:`healthkit._runtime`'s exit sequence). The publisher writes the notice key first,
+    then every slot taken so far; a listener checks the notice key after taking its slot, so
+    it cannot miss a notice published between the two.
     """
 
     def __init__(self, scope: JobScope, on_notice: Subscriber) -> None:
