@@ -40,6 +40,20 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def test_importing_the_package_imports_neither_healthkit_torch_numpy_nor_graphlearn() -> None:
+    """As its docstring promises: the names load on first use, and only then what they need
+    (the first one makes its module report the package's name: the healthkit it then needs)."""
+    code = (
+        "import sys, healthkit_graphlearn\n"
+        "heavy = {'healthkit', 'torch', 'numpy', 'graphlearn'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "assert healthkit_graphlearn.DistEnv.__module__ == 'healthkit_graphlearn'\n"
+        "print('OK')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
 def test_importing_the_integration_does_not_import_graphlearn_until_asked(tmp_path: Path) -> None:
     _site_packages_with_graphscope()
     code = (

@@ -21,7 +21,6 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from healthkit._shared import publish
 from healthkit_graphlearn._version import __version__ as __version__
 
 if TYPE_CHECKING:
@@ -133,6 +132,8 @@ def _publish(module: str) -> None:
     lazily) report this package as their module (``healthkit_graphlearn.SamplerServer``):
     in reprs, tracebacks and pickles. Each private module calls it once it is defined, so
     this holds however the module came to be imported."""
+    from healthkit._shared import publish  # here: importing this package imports no healthkit
+
     namespace = vars(sys.modules[module])
     publish(
         __name__,
