@@ -1,7 +1,7 @@
 """Helpers for tests that run a real Alibaba graph-learn (GL) sampler server and clients.
 
 Importing this module does not import GL (nor numpy): every helper that needs GL takes the
-module returned by ``healthkit_graphlearn._gl_import.import_graphlearn()`` or calls it itself.
+module returned by ``healthkit_graphlearn._tzrec.gl_import.import_graphlearn()`` or calls it itself.
 
 Run GL only in a *subprocess* of the pytest process (see ``test_gl_smoke.py``): GL writes glog
 files into the current directory, starts native threads, and a client call against a dead server
@@ -128,7 +128,7 @@ def run_smoke(
     Must run with ``workdir`` as the current directory (glog writes files there). Returns plain
     data for the caller to assert on.
     """
-    from healthkit_graphlearn._gl_import import import_graphlearn
+    from healthkit_graphlearn._tzrec.gl_import import import_graphlearn
 
     gl = import_graphlearn()
     t0 = time.monotonic()

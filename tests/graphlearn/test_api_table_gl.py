@@ -140,7 +140,7 @@ def test_every_exported_object_reports_its_public_module() -> None:
     wrong = {k: o.__module__ for k, o in public_callables([hkgl]) if o.__module__ != hkgl.__name__}
     assert not wrong, wrong
     # Also when the private module was imported first, before the public name was used.
-    from healthkit_graphlearn._cluster import get_cluster_spec
+    from healthkit_graphlearn._tzrec.cluster import get_cluster_spec
 
     assert get_cluster_spec.__module__ == "healthkit_graphlearn"
 

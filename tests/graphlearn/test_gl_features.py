@@ -194,7 +194,7 @@ def test_the_numpy_bound_is_read_as_pep_440_says(
 ) -> None:
     import importlib.metadata
 
-    from healthkit_graphlearn._gl_import import _numpy_violations
+    from healthkit_graphlearn._tzrec.gl_import import _numpy_violations
 
     info = tmp_path / "gl_build-1.0.dist-info"
     info.mkdir()

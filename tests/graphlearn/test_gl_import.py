@@ -57,7 +57,7 @@ def test_importing_the_package_imports_neither_healthkit_torch_numpy_nor_graphle
 def test_importing_the_integration_does_not_import_graphlearn_until_asked(tmp_path: Path) -> None:
     _site_packages_with_graphscope()
     code = (
-        "import sys, healthkit_graphlearn, healthkit_graphlearn._gl_import as m\n"
+        "import sys, healthkit_graphlearn, healthkit_graphlearn._tzrec.gl_import as m\n"
         "assert 'graphlearn' not in sys.modules\n"
         "gl = m.import_graphlearn()\n"
         "assert gl is m.import_graphlearn() and hasattr(gl, 'Graph')\n"
@@ -80,7 +80,8 @@ def test_missing_vineyard_registry_raises_import_error_instead_of_aborting(tmp_p
             (fake / name).symlink_to(site / name)
     (fake / "packaging").symlink_to(_package_dir("packaging"))  # the integration's dependency
     code = (
-        "from healthkit_graphlearn._gl_import import import_graphlearn, GraphLearnImportError\n"
+        "from healthkit_graphlearn._tzrec.gl_import import (\n"
+        "    import_graphlearn, GraphLearnImportError)\n"
         "try:\n"
         "    import_graphlearn()\n"
         "except GraphLearnImportError as e:\n"
@@ -104,7 +105,7 @@ def test_unrelated_graphlearn_package_is_refused_or_bypassed(tmp_path: Path) -> 
     (tmp_path / "graphlearn" / "__init__.py").write_text("UNRELATED = True\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     bypass = (
-        "from healthkit_graphlearn._gl_import import import_graphlearn\n"
+        "from healthkit_graphlearn._tzrec.gl_import import import_graphlearn\n"
         "gl = import_graphlearn()\n"
         "print('OK', hasattr(gl, 'Graph'), hasattr(gl, 'UNRELATED'))\n"
     )
@@ -113,7 +114,7 @@ def test_unrelated_graphlearn_package_is_refused_or_bypassed(tmp_path: Path) -> 
 
     refuse = (
         "import graphlearn  # the unrelated one is already imported: cannot be bypassed\n"
-        "from healthkit_graphlearn._gl_import import import_graphlearn\n"
+        "from healthkit_graphlearn._tzrec.gl_import import import_graphlearn\n"
         "try:\n"
         "    import_graphlearn()\n"
         "except ImportError as e:\n"

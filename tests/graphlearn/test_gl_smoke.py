@@ -21,9 +21,9 @@ SKIP_RC = 77  # the subprocess exits with this when GL is not installed
 _SMOKE = f"""
 import json, os, sys
 sys.path.insert(0, {str(HERE)!r})
-from healthkit_graphlearn._gl_import import GraphLearnImportError
+from healthkit_graphlearn._tzrec.gl_import import GraphLearnImportError
 try:
-    from healthkit_graphlearn._gl_import import import_graphlearn
+    from healthkit_graphlearn._tzrec.gl_import import import_graphlearn
     import_graphlearn()
 except GraphLearnImportError as e:
     print(e, file=sys.stderr)

@@ -25,24 +25,6 @@ from healthkit_graphlearn._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from healthkit_graphlearn._client import ClientRetryBudget, shorten_client_retries
-    from healthkit_graphlearn._cluster import (
-        Exchange,
-        client_task_index,
-        exchange_server_addresses,
-        free_port,
-        get_cluster_spec,
-        server_address,
-    )
-    from healthkit_graphlearn._env import DistEnv
-    from healthkit_graphlearn._features import (
-        TZREC_GL_CALLS,
-        GraphLearnBuild,
-        GraphLearnFeatureError,
-        graphlearn_build,
-        set_load_graph_thread_num,
-        set_use_string_hash_id,
-    )
-    from healthkit_graphlearn._gl_import import GraphLearnImportError, import_graphlearn
     from healthkit_graphlearn._server import (
         DEFAULT_READY_TIMEOUT,
         READY_TIMEOUT_ENV,
@@ -54,28 +36,46 @@ if TYPE_CHECKING:
         launch_sampler_server,
         server_call,
     )
+    from healthkit_graphlearn._tzrec.cluster import (
+        Exchange,
+        client_task_index,
+        exchange_server_addresses,
+        free_port,
+        get_cluster_spec,
+        server_address,
+    )
+    from healthkit_graphlearn._tzrec.env import DistEnv
+    from healthkit_graphlearn._tzrec.features import (
+        TZREC_GL_CALLS,
+        GraphLearnBuild,
+        GraphLearnFeatureError,
+        graphlearn_build,
+        set_load_graph_thread_num,
+        set_use_string_hash_id,
+    )
+    from healthkit_graphlearn._tzrec.gl_import import GraphLearnImportError, import_graphlearn
     from healthkit_graphlearn._worker import die_with_rank
 
 
 _EXPORTS = {
     "ClientRetryBudget": "_client",
     "shorten_client_retries": "_client",
-    "Exchange": "_cluster",
-    "client_task_index": "_cluster",
-    "exchange_server_addresses": "_cluster",
-    "free_port": "_cluster",
-    "get_cluster_spec": "_cluster",
-    "server_address": "_cluster",
-    "DistEnv": "_env",
-    "TZREC_GL_CALLS": "_features",
-    "GraphLearnBuild": "_features",
-    "GraphLearnFeatureError": "_features",
-    "graphlearn_build": "_features",
-    "set_load_graph_thread_num": "_features",
-    "set_use_string_hash_id": "_features",
+    "Exchange": "_tzrec.cluster",
+    "client_task_index": "_tzrec.cluster",
+    "exchange_server_addresses": "_tzrec.cluster",
+    "free_port": "_tzrec.cluster",
+    "get_cluster_spec": "_tzrec.cluster",
+    "server_address": "_tzrec.cluster",
+    "DistEnv": "_tzrec.env",
+    "TZREC_GL_CALLS": "_tzrec.features",
+    "GraphLearnBuild": "_tzrec.features",
+    "GraphLearnFeatureError": "_tzrec.features",
+    "graphlearn_build": "_tzrec.features",
+    "set_load_graph_thread_num": "_tzrec.features",
+    "set_use_string_hash_id": "_tzrec.features",
     "die_with_rank": "_worker",
-    "GraphLearnImportError": "_gl_import",
-    "import_graphlearn": "_gl_import",
+    "GraphLearnImportError": "_tzrec.gl_import",
+    "import_graphlearn": "_tzrec.gl_import",
     "DEFAULT_READY_TIMEOUT": "_server",
     "READY_TIMEOUT_ENV": "_server",
     "LaunchContextError": "_server",
@@ -132,7 +132,10 @@ def _publish(module: str) -> None:
     lazily) report this package as their module (``healthkit_graphlearn.SamplerServer``):
     in reprs, tracebacks and pickles. Each private module calls it once it is defined, so
     this holds however the module came to be imported."""
-    from healthkit._shared import publish  # here: importing this package imports no healthkit
+    try:  # here, not at the top: importing this package imports no healthkit
+        from healthkit._shared import publish
+    except ImportError:  # healthkit missing: import_graphlearn() still works, and says why
+        return
 
     namespace = vars(sys.modules[module])
     publish(

@@ -20,7 +20,7 @@ import attrs
 from healthkit import InvalidArgumentTypeError
 from healthkit._shared import check_int
 from healthkit.lowlevel import MAX_TIMEOUT_S
-from healthkit_graphlearn._gl_import import import_graphlearn
+from healthkit_graphlearn._tzrec.gl_import import import_graphlearn
 
 __all__ = ["ClientRetryBudget", "shorten_client_retries"]
 
@@ -71,7 +71,7 @@ def shorten_client_retries(
     needed = ["set_retry_times"] + (["set_timeout"] if timeout is not None else [])
     missing = [n for n in needed if not callable(getattr(gl, n, None))]
     if missing:
-        from healthkit_graphlearn._features import GraphLearnFeatureError, graphlearn_build
+        from healthkit_graphlearn._tzrec.features import GraphLearnFeatureError, graphlearn_build
 
         raise GraphLearnFeatureError(
             f"{graphlearn_build(gl).describe()} has no {' / '.join(missing)}, so its client "

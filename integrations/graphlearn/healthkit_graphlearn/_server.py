@@ -72,7 +72,7 @@ from healthkit._shared import (
 )
 from healthkit.actions import Action
 from healthkit.lowlevel import die_with_parent, env_seconds, set_thread_name
-from healthkit_graphlearn._env import DistEnv, check_index
+from healthkit_graphlearn._tzrec.env import DistEnv, check_index
 
 __all__ = [
     "DEFAULT_READY_TIMEOUT",
@@ -535,7 +535,7 @@ def _gl_module(graph: Any) -> Any:
     found = sys.modules.get(root)
     if found is not None and hasattr(found, "set_tracker_mode"):
         return found
-    from healthkit_graphlearn._gl_import import import_graphlearn
+    from healthkit_graphlearn._tzrec.gl_import import import_graphlearn
 
     return import_graphlearn()
 

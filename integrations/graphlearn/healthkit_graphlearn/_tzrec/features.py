@@ -24,7 +24,7 @@ import attrs
 
 from healthkit import InvalidArgumentTypeError, UnsupportedError
 from healthkit._shared import check_int
-from healthkit_graphlearn._gl_import import graphlearn_distribution, import_graphlearn
+from healthkit_graphlearn._tzrec.gl_import import graphlearn_distribution, import_graphlearn
 
 __all__ = [
     "TZREC_GL_CALLS",

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, UsageError
 from healthkit._shared import check_choice, check_int
-from healthkit_graphlearn._env import DistEnv, check_index
+from healthkit_graphlearn._tzrec.env import DistEnv, check_index
 
 __all__ = [
     "Exchange",
