@@ -151,12 +151,8 @@ class Judge:
         if status is not None and first_look:
             _refresh_group(record)
         decision = self._decide(record, status, now, owner_exiting, owner_gone)
-        if (
-            first_look
-            and decision.verdict is Verdict.FIRE
-            and status is not None
-            and stop_like(status)
-            and self.may_be_taking_stop()
+        if first_look and decision.verdict is Verdict.FIRE and status is not None and (
+            stop_like(status)
         ):
             decision = self._second_look(record, status, owner_exiting, owner_gone)
         if decision.verdict is Verdict.KEEP_WATCHING:
@@ -246,19 +242,24 @@ class Judge:
         handler, in the receiving thread's own context; a thread preempted in between (a
         loaded machine, a busy process) leaves no trace of the stop for milliseconds. The
         death is decided as of the last look: a stop seen by then excuses it, exactly as if
-        it had been seen first. An owner whose threads all sleep pays nothing; a busy one pays
-        at most this delay for a stop-like death, never for a SIGKILL or a crash.
+        it had been seen first. An owner whose threads all sleep pays one look more (no
+        wait); a busy one pays at most this delay for a stop-like death, never for a SIGKILL
+        or a crash.
         """
         look = SECOND_LOOK_S if self.second_look is None else self.second_look
         deadline = time.monotonic() + look
         while True:
-            time.sleep(_SECOND_LOOK_POLL_S)
+            # The threads first, then every trace: a thread seen not running has finished
+            # taking any signal it took before, so its trace is there for the decision
+            # that follows (the other order misses one taken in between).
+            taking = self.may_be_taking_stop()
             now = time.monotonic()
             decision = self._decide(record, status, now, owner_exiting, owner_gone)
-            if decision.verdict is not Verdict.FIRE or now >= deadline:
+            if decision.verdict is not Verdict.FIRE or not taking or now >= deadline:
                 return decision
-            if not self.may_be_taking_stop():
-                return decision
+            # Each look lets the GIL go twice (this sleep, one read of a thread's state):
+            # with a CPU-busy main thread each retake can wait a switch interval.
+            time.sleep(min(_SECOND_LOOK_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def expire(
         self, records: list[Watched], *, now: float | None = None, owner_gone: bool = False

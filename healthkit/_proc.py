@@ -7,8 +7,12 @@ caller then knows nothing (``None``/``False``), and a malformed file is logged o
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import select
+import socket
+import sys
 
 import attrs
 
@@ -24,6 +28,10 @@ __all__ = [
     "read_peak_rss",
     "read_pending_signals",
     "read_proc_stat",
+    "any_thread_running",
+    "read_fd_now",
+    "readable_now",
+    "waitid_peek",
     "self_identity",
     "TaskWait",
     "read_task_wait",
@@ -62,7 +70,91 @@ class _HoldingGil:
         lib.read.restype = ctypes.c_ssize_t
         lib.close.argtypes = [ctypes.c_int]
         lib.close.restype = ctypes.c_int
+        lib.poll.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int]
+        lib.poll.restype = ctypes.c_int
+        lib.waitid.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.c_int]
+        lib.waitid.restype = ctypes.c_int
+        lib.recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.recv.restype = ctypes.c_ssize_t
+        lib.opendir.argtypes = [ctypes.c_char_p]
+        lib.opendir.restype = ctypes.c_void_p
+        lib.readdir.argtypes = [ctypes.c_void_p]
+        lib.readdir.restype = ctypes.c_void_p
+        lib.closedir.argtypes = [ctypes.c_void_p]
+        lib.closedir.restype = ctypes.c_int
         self.lib = lib
+        # siginfo_t on 64-bit Linux: si_signo, si_errno, si_code, a pad, then the SIGCHLD
+        # fields si_pid, si_uid, si_status at byte 16. Elsewhere, Python's own calls.
+        self.siginfo_ok = ctypes.sizeof(ctypes.c_void_p) == 8 and sys.platform == "linux"
+        # struct dirent on 64-bit Linux (glibc, musl): d_ino, d_off, d_reclen, d_type, d_name.
+        self.d_name_offset = 19
+        if not self.siginfo_ok:
+            raise OSError("struct layouts known for 64-bit Linux only")
+
+        class PollFd(ctypes.Structure):
+            _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short),
+                        ("revents", ctypes.c_short)]  # fmt: skip
+
+        self.PollFd = PollFd
+
+    def read_fd(self, fd: int, size: int, *, peek: bool = False) -> bytes | None:
+        """One ``read()`` (``recv(MSG_PEEK)`` with ``peek``) of a non-blocking fd: ``None``
+        when nothing is waiting (``EAGAIN``), ``b""`` at its end."""
+        ctypes, lib = self.ctypes, self.lib
+        buf = ctypes.create_string_buffer(size)
+        if peek:
+            n = lib.recv(fd, buf, size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        else:
+            n = lib.read(fd, buf, size)
+        if n < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                return None
+            raise OSError(err, os.strerror(err))
+        data: bytes = buf.raw[:n]
+        return data
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a directory (``.`` and ``..`` left out); ``OSError`` as
+        ``os.listdir`` would raise it."""
+        ctypes, lib = self.ctypes, self.lib
+        d = lib.opendir(os.fsencode(path))
+        if not d:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        names: list[str] = []
+        try:
+            while True:
+                entry = lib.readdir(d)
+                if not entry:
+                    return names
+                name = ctypes.string_at(entry + self.d_name_offset)
+                if name not in (b".", b".."):
+                    names.append(os.fsdecode(name))
+        finally:
+            lib.closedir(d)
+
+    def readable_now(self, fd: int) -> bool:
+        """``poll()`` with no wait: any event (readable, hung up, invalid) counts."""
+        pfd = self.PollFd(fd, select.POLLIN, 0)
+        n = self.lib.poll(self.ctypes.byref(pfd), 1, 0)
+        if n < 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return bool(n > 0)
+
+    def waitid_peek(self, pidfd: int) -> os.waitid_result | None:
+        """``os.waitid(P_PIDFD, pidfd, WEXITED | WNOHANG | WNOWAIT)``: never blocks."""
+        ctypes = self.ctypes
+        info = (ctypes.c_int * 32)()  # 128 bytes
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        if self.lib.waitid(os.P_PIDFD, pidfd, info, flags) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))  # ECHILD: ChildProcessError, as os.waitid
+        signo, code, pid, uid, status = info[0], info[2], info[4], info[5], info[6]
+        if pid == 0:
+            return None  # WNOHANG and nothing to report, as os.waitid
+        return os.waitid_result((pid, uid & 0xFFFFFFFF, signo, status, code))
 
     def read(self, path: str) -> bytes:
         """The whole file; ``OSError`` as ``open()`` would raise it."""
@@ -97,6 +189,47 @@ def _reader() -> _HoldingGil | None:
         except (ImportError, OSError, AttributeError):  # no ctypes, or no such libc calls
             return None
     return _holding
+
+
+def readable_now(fd: int) -> bool:
+    """Whether ``fd`` has an event now (readable, hung up or invalid), the GIL kept: a
+    watcher that just woke must not wait a switch interval again to ask."""
+    reader = _reader()
+    if reader is None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return reader.readable_now(fd)
+
+
+def waitid_peek(pidfd: int) -> os.waitid_result | None:
+    """The exit status of our child behind ``pidfd``, left for its owner to reap
+    (``WNOWAIT``), or ``None`` while it runs; the GIL kept (the call never blocks).
+    Raises ``ChildProcessError`` as ``os.waitid`` does."""
+    reader = _reader()
+    if reader is None:
+        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return reader.waitid_peek(pidfd)
+
+
+def read_fd_now(fd: int, size: int = 65536, *, peek: bool = False) -> bytes | None:
+    """One read (a ``MSG_PEEK`` receive with ``peek``) of a non-blocking fd, the GIL kept:
+    ``None`` when nothing is waiting, ``b""`` at its end."""
+    reader = _reader()
+    if reader is None:
+        try:
+            if peek:
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    return sock.recv(size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            return os.read(fd, size)
+        except (BlockingIOError, InterruptedError):
+            return None
+    return reader.read_fd(fd, size, peek=peek)
+
+
+def _listdir(path: str) -> list[str]:
+    reader = _reader()
+    return os.listdir(path) if reader is None else reader.listdir(path)
 
 
 def read_small(path: str) -> bytes:
@@ -231,32 +364,83 @@ def read_pending_signals(pid: int, proc_root: str = "/proc") -> frozenset[int] |
     return frozenset(n for n in range(1, 65) if (pending >> (n - 1)) & 1)
 
 
-def read_threads(pid: int, proc_root: str = "/proc") -> dict[int, tuple[str, int]] | None:
+def read_threads(
+    pid: int, proc_root: str = "/proc", *, hold_gil: bool = False
+) -> dict[int, tuple[str, int]] | None:
     """Each thread's scheduler state (``R``, ``S``, ``D``, ...) and blocked-signal mask
     (``SigBlk``), by thread id. While a thread runs a signal's handler the kernel blocks that
     signal in it (no ``SA_NODEFER``), so a signal that was taken but whose handler has not
-    finished shows in the mask. ``None``: gone."""
-    # Python's own calls, which let the GIL go: read holding it, this process's threads
-    # that want the GIL would all be seen waiting for it (``S``), and a busy one would pass
-    # for an idle one.
+    finished shows in the mask. ``None``: gone.
+
+    ``hold_gil``: read without letting the GIL go (no switch-interval wait to get it back
+    with a CPU-busy main thread): for the masks only. The states are then wrong for this
+    process: its threads that want the GIL are all seen waiting for it (``S``), and a busy
+    one would pass for an idle one (see :func:`any_thread_running`)."""
     try:
-        tids = os.listdir(f"{proc_root}/{pid}/task")
+        tids = _listdir(f"{proc_root}/{pid}/task") if hold_gil else os.listdir(
+            f"{proc_root}/{pid}/task"
+        )
     except OSError:
         return None
     threads: dict[int, tuple[str, int]] = {}
     for tid in tids:
         state = "?"
+        path = f"{proc_root}/{pid}/task/{tid}/status"
         try:
-            with open(f"{proc_root}/{pid}/task/{tid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"State:"):
-                        state = line.split()[1].decode("ascii", "replace")
-                    elif line.startswith(b"SigBlk:"):
-                        threads[int(tid)] = (state, int(line.split()[1], 16))
-                        break
+            if hold_gil:
+                lines = read_small(path).splitlines()
+            else:
+                with open(path, "rb") as f:
+                    lines = f.read().splitlines()
+            for line in lines:
+                if line.startswith(b"State:"):
+                    state = line.split()[1].decode("ascii", "replace")
+                elif line.startswith(b"SigBlk:"):
+                    threads[int(tid)] = (state, int(line.split()[1], 16))
+                    break
         except (OSError, ValueError, IndexError):
             continue  # the thread ended between the listing and the read
     return threads
+
+
+def any_thread_running(pid: int, *, besides: int | None = None, proc_root: str = "/proc") -> bool:
+    """Is a thread of ``pid`` (other than thread id ``besides``) on a CPU or waiting for one
+    (``R``), or in an uninterruptible wait (``D``)? The main thread is looked at first, and
+    the first one found answers.
+
+    Each state is read by one ``read()`` that lets the GIL go (read holding it, this
+    process's threads that want the GIL would be seen waiting for it), and only that call:
+    with a CPU-busy main thread each retake of the GIL can wait a switch interval, and
+    Python's ``open()`` and ``os.listdir`` let it go around every system call."""
+    reader = _reader()
+    if reader is None:
+        threads = read_threads(pid, proc_root)
+        return threads is not None and any(
+            state in ("R", "D") for tid, (state, _) in threads.items() if tid != besides
+        )
+    try:
+        tids = sorted((int(t) for t in reader.listdir(f"{proc_root}/{pid}/task")),
+                      key=lambda t: t != pid)  # fmt: skip
+    except (OSError, ValueError):
+        return False
+    lib, ctypes = reader.lib, reader.ctypes
+    for tid in tids:
+        if tid == besides:
+            continue
+        fd = lib.open(os.fsencode(f"{proc_root}/{pid}/task/{tid}/stat"), os.O_RDONLY | os.O_CLOEXEC)
+        if fd < 0:
+            ctypes.get_errno()
+            continue  # ended since the listing
+        try:
+            raw = os.read(fd, 512)  # the one call that lets the GIL go
+        except OSError:
+            continue
+        finally:
+            lib.close(fd)
+        fields = raw.rpartition(b")")[2].split()
+        if fields and fields[0] in (b"R", b"D"):
+            return True
+    return False
 
 
 def read_peak_rss(pid: int, proc_root: str = "/proc") -> int | None:

@@ -74,7 +74,13 @@ from healthkit._errors import (
     check_seconds,
     check_signal,
 )
-from healthkit._proc import read_pending_signals, read_proc_stat, read_threads
+from healthkit._proc import (
+    any_thread_running,
+    read_fd_now,
+    read_pending_signals,
+    read_proc_stat,
+    read_threads,
+)
 
 __all__ = [
     "STOP_SIGNALS",
@@ -282,7 +288,7 @@ class HandlerWatch:
         self.handling()
 
     def handling(self) -> signal.Signals | None:
-        threads = read_threads(self.pid)
+        threads = read_threads(self.pid, hold_gil=True)  # masks do not wait for the GIL
         if threads is None:
             return None
         with self._lock:
@@ -301,7 +307,7 @@ class HandlerWatch:
     def accept(self) -> None:
         """Take every thread's mask as it is now as its usual one: a stop signal it blocks
         has stayed blocked too long for a handler (:func:`mask_not_stop`)."""
-        threads = read_threads(self.pid)
+        threads = read_threads(self.pid, hold_gil=True)
         if threads is None:
             return
         with self._lock:
@@ -315,10 +321,7 @@ class HandlerWatch:
         kernel blocking it for the handler (it is not yet seen as handled): the kernel does
         both in the thread's own context. A process whose threads all sleep cannot be.
         """
-        threads = read_threads(self.pid)
-        if threads is None:
-            return False
-        return any(state in ("R", "D") for tid, (state, _) in threads.items() if tid != besides)
+        return any_thread_running(self.pid, besides=besides)
 
 
 #: Signals healthkit's own threads never take: every signal but the ones a fault raises in
@@ -403,10 +406,9 @@ class _Listener:
         it. Peek first: until a byte is consumed, a sidecar peeking the same socket sees it."""
         with self.lock:
             while True:
-                try:
-                    data = self.rsock.recv(4096, socket.MSG_PEEK)
-                except (BlockingIOError, InterruptedError):
-                    return
+                # The GIL kept (read_fd_now): a judge drains on every look, and with a
+                # CPU-busy main thread each retake of the GIL can wait a switch interval.
+                data = read_fd_now(self.rsock.fileno(), 4096, peek=True)
                 if not data:
                     return
                 now = time.monotonic()
@@ -414,7 +416,7 @@ class _Listener:
                     if byte in STOP_SIGNALS:
                         self._record(signal.Signals(byte), now, "delivered")
                 self._relay(data)
-                self.rsock.recv(len(data))
+                read_fd_now(self.rsock.fileno(), len(data))
 
     def _record(self, sig: signal.Signals, when: float, seen: Seen) -> None:
         self.history.append((sig, when, seen))
@@ -581,9 +583,7 @@ class Witness:
         """The stop signals recorded since the last read, with the witness's time for each."""
         while True:
             try:
-                chunk = os.read(self.rfd, 65536)
-            except (BlockingIOError, InterruptedError):
-                break
+                chunk = read_fd_now(self.rfd)  # the GIL kept, as the wakeup socket's
             except OSError:
                 break
             if not chunk:

@@ -57,7 +57,14 @@ from healthkit._errors import (
     check_timeout,
     path_arg,
 )
-from healthkit._proc import may_read_exit_code, pidfd_identity, read_peak_rss, read_proc_stat
+from healthkit._proc import (
+    may_read_exit_code,
+    pidfd_identity,
+    read_peak_rss,
+    read_proc_stat,
+    readable_now,
+    waitid_peek,
+)
 
 _log = logging.getLogger("healthkit")
 
@@ -176,9 +183,7 @@ def _serialize_forkserver_poll(process: BaseProcess) -> None:
 
 
 def _readable_now(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+    return readable_now(fd)
 
 
 class ProcessWatch:
@@ -558,7 +563,9 @@ class ProcessWatch:
                     return ExitStatus(code, "multiprocessing", core_dumped=status.core_dumped)
             return status
         try:
-            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            # The GIL kept: with a CPU-busy main thread each retake of it can wait a switch
+            # interval, between the wake-up and the action (benchmarks/bench_busy_deaths.py).
+            info = waitid_peek(self._pidfd)
         except ChildProcessError:
             info = None  # reaped under us by another thread (e.g. Process.is_alive())
         if info is None:

@@ -2,11 +2,12 @@
 process group (torchrun's killpg(SIGTERM), a terminal's Ctrl-C) never fires, whatever its
 helpers die of and however the owner lives through the stop (its main thread in an
 uninterruptible read, an asyncio loop holding the signal wakeup fd, uvloop taking it for good,
-a ``sigwait``, a signal storm filling the wakeup socket while a C call holds the GIL, two
-sidecars, a handler that stops a helper itself, helpers in their own sessions stopped one by
-one); an owner that ignores the stop carries on, so the helpers it ended are reported; a helper
-stopped alone still fires; and an owner that survives its stop reports a helper that dies
-during it once the stop's grace is over. The suite runs every cell a few times; the full
+a ``sigwait``, a signal storm (SIGALRM, or SIGCHLD from hundreds of short-lived children)
+filling the wakeup socket while a C call holds the GIL, two sidecars, a handler that stops a
+helper itself, helpers in their own sessions stopped one by one); an owner that ignores the
+stop carries on, so the helpers it ended are reported; a helper stopped alone still fires;
+and an owner that survives its stop reports a helper that dies during it once the stop's
+grace is over. The suite runs every cell a few times; the full
 counts (100 runs per cell) run from scripts/soak."""
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ def test_owners_that_live_through_a_stop_unusually_never_fire_and_their_twins_do
     stops = [r for r in results if not r.cell.expect_fire]
     assert len(stops) >= 10 and all(r.fired == 0 for r in stops)
     # The owners whose stop evidence a library takes away from the wakeup fd, both modes.
-    for owner in ("uvloop", "uvloop-signal", "sigwait", "storm-alrm"):
+    for owner in ("uvloop", "uvloop-signal", "sigwait", "storm-alrm", "storm-chld"):
         assert {r.cell.mode for r in stops if r.cell.owner == owner} == set(MODES), owner
+    # A SIGCHLD storm is no stop: a helper's exit 1 in it fires, both modes.
+    storm = [r for r in twins if r.cell.owner == "storm-chld" and r.cell.how == "helper-fails"]
+    assert {r.cell.mode for r in storm} == set(MODES) and all(r.late_s for r in storm)
     ignored = [r for r in results if r.cell.owner == "sig-ign" and r.cell.stop == "term"]
     assert ignored and all(r.fired == r.runs for r in ignored)  # the owner carries on
 

@@ -22,7 +22,8 @@ it to arm, stops it and reads how it ended. A cell says how:
   SIGTERM, both while the owner's main thread holds the GIL: the death came first and must
   fire (the twin: the group stop alone, which the helpers die of, never fires);
 - ``how="helper-fails"``: no stop at all; a helper exits 1: must fire at once (the twin of
-  ``owner="mask-after-arm"``'s group stops: a mask without a stop signal defers nothing).
+  ``owner="mask-after-arm"``'s group stops: a mask without a stop signal defers nothing; and
+  of ``owner="storm-chld"``'s: a SIGCHLD storm is no stop).
 
 Runs go in parallel batches: most of a run is waiting.
 """
@@ -69,16 +70,24 @@ OWNERS = (
     "uvloop-signal",
     "sigwait",
     "storm-alrm",
+    "storm-chld",
     "sig-ign",
 )
 DEATHS = ("exit1", "exit3", "sigterm", "sigkill")
 SURVIVED_GRACE = 2.0  # --stop-grace of the owners that survive their stop
 MASK_S = 6  # how long the mask-after-arm owner blocks SIGINT and SIGTERM
 GIL_HELD_S = 3  # how long the gil-held owner's main thread holds the GIL once ready
+#: storm-chld: the stop (or the death) comes this long after the storm's children were let
+#: go, when the last of its 400 (one a millisecond) has exited and the wakeup socket is full
+#: (it holds 278 one-byte writes), while the owner's C call still holds the GIL.
+STORM_S = 0.45
 #: Cells that must fire at once (no stop defers them; the owner runs on the default 30 s
 #: stop grace): seconds from the death, or the declaration, to the error file. A bound that
 #: proves "not deferred" (below the mask, far below the grace), not a speed.
 AT_ONCE_S = 4.5
+#: The same bound for storm-chld, whose C calls hold the GIL for up to three seconds at a
+#: time (thread mode sees the death only when one returns): still far below the grace.
+STORM_AT_ONCE_S = 10.0
 
 
 @dataclass
@@ -176,6 +185,7 @@ class _Run:
         self.in_mask = True  # mask-after-arm: the death came while the mask was surely held
         self.in_window = True  # gil-held: the death and the stop came while the GIL was held
         self.timers: list[threading.Thread] = []
+        self.sent_at: float | None = None  # storm-chld: when the stop (or the death) was sent
 
     def wait_ready(self, timeout: float = 120) -> None:
         found = self.out.until(r"^READY ", timeout)
@@ -191,6 +201,9 @@ class _Run:
         if not self.pids:
             return
         cell = self.cell
+        if cell.owner == "storm-chld":
+            self._storm_window()
+            self.sent_at = time.monotonic()
         if cell.stop == "helper-alone":
             # Only that helper: someone stopped it. (The helper that ignores SIGTERM is
             # killed the way the OOM killer would: a kill that healthkit.stop() did not make.)
@@ -256,6 +269,34 @@ class _Run:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
+    def _storm_window(self, timeout: float = 30) -> None:
+        """storm-chld: wait until :data:`STORM_S` into a storm whose C call may still run
+        (a storm let go less than 0.6 s ago), waiting for the next storm if need be."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.out.until(r"(?!)", 0.02)  # what the owner has said so far
+            marks = [line.split() for line in self.out.lines
+                     if line.startswith(("STORM ", "CALM "))]  # fmt: skip
+            if marks and marks[-1][0] == "STORM":
+                began = float(marks[-1][1])
+                if time.monotonic() - began < 0.6:
+                    time.sleep(max(0.0, began + STORM_S - time.monotonic()))
+                    return
+            self.out.until(r"(?!)", 0.05)
+
+    def in_storm(self) -> bool:
+        """storm-chld: the stop (or the death) came once the storm was over and while the
+        owner's C call still held the GIL (its next mark, "CALM" or "STOP-RAN", is later)."""
+        if self.sent_at is None:
+            return False
+        marks = [(line.split()[0], float(line.split()[1])) for line in self.out.lines
+                 if line.startswith(("STORM ", "CALM ", "STOP-RAN "))]  # fmt: skip
+        storms = [at for what, at in marks if what == "STORM" and at <= self.sent_at]
+        if not storms or self.sent_at - storms[-1] < STORM_S - 0.05:
+            return False
+        after = [at for what, at in marks if what != "STORM" and at >= storms[-1]]
+        return not after or after[0] > self.sent_at
+
     def _hold(self) -> float:
         """gil-held: tell the owner to take the GIL; seconds since it did."""
         os.kill(self.proc.pid, signal.SIGUSR2)
@@ -283,6 +324,8 @@ class _Run:
             self._close()
             return False, f"owner did not end within {timeout:.0f}s", None
         stray = _end(self.pids)  # first: a helper still running holds the owner's stderr open
+        if self.cell.owner == "storm-chld":
+            self.out.until(r"(?!)", 5)  # its marks, to the end (the storm's children are gone)
         err = self._close()
         fired = os.path.exists(self.error_file)
         rc = self.proc.returncode
@@ -337,10 +380,13 @@ def _record(res: CellResult, run: _Run) -> None:
         broke, desc = True, f"fired {-late:.2f}s before the stop's grace ended: " + desc
     if res.cell.how == "owner-declares-late" and fired and late is not None and late < -0.02:
         broke, desc = True, f"fired {-late:.2f}s before the owner said it survived: " + desc
-    if res.cell.at_once and fired and (late is None or late > AT_ONCE_S):
+    at_once_s = STORM_AT_ONCE_S if res.cell.owner == "storm-chld" else AT_ONCE_S
+    if res.cell.at_once and fired and (late is None or late > at_once_s):
         broke, desc = True, f"fired {late}s after the death (not at once): " + desc
     if res.cell.owner == "gil-held" and not run.in_window:
         broke, desc = True, "the stop came after the owner's GIL was free (no test of it): " + desc
+    if res.cell.owner == "storm-chld" and not run.in_storm():
+        broke, desc = True, "sent outside the storm's held GIL (no test of it): " + desc
     if res.cell.owner == "mask-after-arm" and not run.in_mask:
         broke, desc = True, "the helper died after the mask had ended (no test of it): " + desc
     told = Path(run.error_file).read_text() if os.path.exists(run.error_file) else ""
@@ -403,6 +449,8 @@ def owner_cells() -> list[Cell]:
         for mode in modes:
             cells += [Cell(mode, "fork", stop, 0.2, owner, how) for stop in stops]
             cells.append(Cell(mode, "fork", "helper-alone", 0.0, owner))
+            if owner == "storm-chld":  # no stop at all: a helper's exit 1 in the storm
+                cells.append(Cell(mode, "fork", "term", 0.2, owner, "helper-fails", "exit1"))
     return cells
 
 

@@ -38,6 +38,12 @@ reopen): it prints "HANDLED" and keeps running, and its helpers stay its respons
 - ``storm-alrm``: a 1 kHz SIGALRM with a Python handler while the main thread sits in a
   C call that holds the GIL (``sum`` over a long range): the wakeup socket fills up while the
   stop listener waits for the GIL, and further signal bytes (the stop's too) are dropped;
+- ``storm-chld``: a SIGCHLD storm: a SIGCHLD handler (as asyncio's child watchers and
+  process pools install; it reaps only its own children) and, over and over, 400 forked
+  children that exit one a millisecond while the main thread sits in a C call that holds the
+  GIL (``sum`` over a long range): the wakeup socket fills with SIGCHLD bytes while the stop
+  listener waits for the GIL. Prints "STORM <monotonic time>" as the children are let go,
+  "CALM <time>" when the C call returns, and "STOP-RAN <time>" when the stop's handler runs;
 - ``sig-ign``: the stop signal is ignored (``SIG_IGN``): a group stop ends the helpers and the
   owner carries on, so their deaths must be reported (once the stop's grace is over);
 - ``gil-held``: once ready, on SIGUSR2, the main thread prints "HOLDING <monotonic time>" and
@@ -94,6 +100,55 @@ def helper(death: str, own_session: bool, ignore_term: bool) -> None:
 
     signal.signal(signal.SIGUSR1, fail)
     time.sleep(600)
+
+
+class ChildStorm:
+    """``STORM_CHILDREN`` children that exit one a millisecond once let go (:meth:`go`),
+    reaped by a SIGCHLD handler that waits for them only (never for the helpers)."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.release = -1
+        signal.signal(signal.SIGCHLD, self.reap)
+        self.prepare()
+
+    def reap(self, signum: int, frame: object) -> None:
+        for pid in list(self.pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.pids.discard(pid)
+
+    def prepare(self) -> None:
+        """Fork the next storm's children; each waits for the release, then for its turn."""
+        r, w = os.pipe()
+        stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
+        for i in range(STORM_CHILDREN):
+            # Blocked across the fork: a stop must end a child (the default action), never
+            # run the owner's handlers in it.
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+            pid = os.fork()
+            if pid == 0:
+                for sig in stops:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                os.close(w)
+                os.read(r, 1)
+                time.sleep(i * 0.001)
+                os._exit(0)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            self.pids.add(pid)
+        os.close(r)
+        self.release = w
+
+    def go(self) -> None:
+        print("STORM", time.monotonic(), flush=True)
+        os.close(self.release)  # every child sees the end of the pipe at once
+
+
+STORM_CHILDREN = 400
 
 
 def cleanup(seconds: float) -> None:
@@ -163,6 +218,8 @@ def main() -> None:
     def on_stop(signum: int = int(stop_signal), frame: object = None) -> None:
         if args.owner == "storm-alrm":  # no SIGALRM left to end it once its handler is gone
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if args.owner == "storm-chld":
+            print("STOP-RAN", time.monotonic(), flush=True)
         if args.survive:
             survived()
             return
@@ -252,6 +309,7 @@ def main() -> None:
         return
 
     armed = arm()
+    storm = ChildStorm() if args.owner == "storm-chld" else None
     if args.owner == "gil-held":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})  # taken by sigwait below
     if args.owner == "mask-after-arm":
@@ -293,6 +351,19 @@ def main() -> None:
         while time.monotonic() < end:
             try:
                 sum(range(60_000_000))  # one to four seconds in C, holding the GIL
+            except KeyboardInterrupt:
+                on_stop()
+        print("NOT STOPPED", flush=True)
+        return
+    if storm is not None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                storm.go()
+                sum(range(40_000_000))  # one to three seconds in C, holding the GIL
+                print("CALM", time.monotonic(), flush=True)
+                time.sleep(0.5)  # between storms the GIL is free
+                storm.prepare()
             except KeyboardInterrupt:
                 on_stop()
         print("NOT STOPPED", flush=True)
