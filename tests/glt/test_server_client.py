@@ -413,7 +413,7 @@ def test_a_live_server_worker_that_stops_sending_fails_the_client_but_slow_or_id
     s = r["stuck"]
     assert s.get("type") == "RemoteSamplingError" and s["kind"] == "stalled", s
     assert s["batches"] == 4, s  # 2 per worker, then stuck
-    assert 1.0 <= s["stalled_for"] <= 2.0, s
+    assert 1.0 <= s["stalled_for"] < 3.0, s  # the check wakes at the bound (loaded: late)
     assert s["after_last_batch_s"] < 10.0, s  # stall_timeout, the report, the RPC: generous
     pids = s["worker_pids"]
     assert s["worker_ranks"] == [0, 1] and s["diagnosis_pids"] == pids, s
