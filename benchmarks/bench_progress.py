@@ -448,7 +448,7 @@ def _glt_sections() -> list[str]:
         "",
     ]
     for path in runs:
-        L += section(json.loads(Path(path).read_text()))
+        L += section(json.loads(Path(path).read_text()), Path(path).name)
     return L
 
 

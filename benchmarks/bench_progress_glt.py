@@ -166,15 +166,16 @@ def verdict(ratios: list[float], statistic: str, quick: bool) -> dict[str, Any]:
     return {"estimate": est, "ci": [lo, hi], "verdict": v}
 
 
-def section(result: dict[str, Any]) -> list[str]:
-    """The page's lines for one saved run (used by ``bench_progress.render``)."""
+def section(result: dict[str, Any], name: str = "") -> list[str]:
+    """The page's lines for one saved run (used by ``bench_progress.render``); ``name``:
+    its results file."""
     epochs = result["epochs"]
     loads = sorted({(e["round"], e["load"]) for e in epochs})
     load_values = [x for _, x in loads]
     batches = sorted({e["batches"] for e in epochs})
     pct = lambda x: f"{100 * x:+.2f} %"  # noqa: E731
     lines = [
-        f"### {result['software']}",
+        f"### {result['software']}" + (f" (`benchmarks/results/{name}`)" if name else ""),
         "",
         f"`{result['command']}` on {result['date']}: {len(loads)} rounds"
         + ("" if result.get("complete", True) else f" (stopped early, of {result['rounds']})")
