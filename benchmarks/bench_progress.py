@@ -15,6 +15,15 @@
    watcher without a timer per deadline does).
 3. **Stall to action** (thread mode): a helper that never beats; from the start of a wait to
    the first action, minus ``stall_timeout`` (0.2 s), over ``LATENCY_TRIALS`` trials.
+4. **One call** (``with watch.call():``, ``callers=True``), next to a bare
+   ``with contextlib.nullcontext():`` and an empty loop body, by the rounds of 1. (the
+   first call of a thread claims its slot: that one is made before the rounds).
+5. **GLT sampling throughput** with and without the progress watch: measured by
+   ``bench_progress_glt.py`` (it needs a GLT stack), kept in
+   ``benchmarks/results/progress-glt-*.json`` and rendered here.
+
+The load average (1 min) is recorded at the start and end of each part and printed beside
+its figures: the machine is shared.
 
 This benchmark owns its page: ``python benchmarks/bench_progress.py [--quick]`` writes
 ``benchmarks/results/progress.json`` and ``docs/benchmarks-progress.md`` (``--quick``: fewer
@@ -24,6 +33,8 @@ rounds, to a temporary directory, asserting nothing about times).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import multiprocessing as mp
 import os
@@ -87,6 +98,98 @@ def beat_cost(rounds: int) -> dict[str, Any]:
         name: {"p50_ns": _pct(v, 50), "p99_ns": _pct(v, 99), "rounds": len(v)}
         for name, v in per_call.items()
     }
+
+
+def call_cost(rounds: int) -> dict[str, Any]:
+    """Per-call cost of ``with watch.call():`` next to a bare ``nullcontext()`` block: on a
+    watch a watcher is timing (the steady state while calls keep coming: a call only
+    stores), and on one nobody times (each call then rings the watcher's bell: a
+    ``write()``; in use, the first call after the watcher found none in flight)."""
+    nullcontext = contextlib.nullcontext
+    timed_watch = hk.ProgressWatch(60, name="timed", callers=True)
+    lone_watch = hk.ProgressWatch(60, name="untimed", callers=True)
+    wd = hk.DisarmableWatchdog(actions=[lambda e: None], name="bench-calls")
+    wd.watch_progress(timed_watch)
+    timed_watch.heartbeat.ready()  # calls are timed once the helper serves (no helper here)
+    release = threading.Event()
+
+    def hold_a_call() -> None:  # a call in flight all along: the watcher keeps timing
+        with timed_watch.call():
+            release.wait()
+
+    holder = threading.Thread(target=hold_a_call, daemon=True)
+    try:
+        with wd:
+            holder.start()
+            deadline = time.monotonic() + 10
+            while not timed_watch._v[5] and time.monotonic() < deadline:  # slot 5: timing
+                time.sleep(0.01)
+            assert timed_watch._v[5], "the watcher never started timing"
+            timed_call, lone_call = timed_watch.call, lone_watch.call
+            with timed_call(), lone_call():  # claim this thread's slots, outside the rounds
+                pass
+
+            def empty() -> None:
+                pass
+
+            def bare() -> None:
+                with nullcontext():
+                    pass
+
+            def timed() -> None:
+                with timed_call():
+                    pass
+
+            def lone() -> None:
+                with lone_call():
+                    pass
+
+            calls = {
+                "empty function call": empty,
+                "with contextlib.nullcontext(): pass": bare,
+                "with watch.call(): pass (a watcher timing)": timed,
+                "with watch.call(): pass (none timing: rings the bell)": lone,
+            }
+            per_call: dict[str, list[float]] = {k: [] for k in calls}
+            for _ in range(rounds):
+                order = list(calls.items())
+                random.shuffle(order)
+                for name, fn in order:
+                    t0 = time.perf_counter_ns()
+                    for _ in range(BATCH):
+                        fn()
+                    per_call[name].append((time.perf_counter_ns() - t0) / BATCH)
+                    if fn is lone and lone_watch.bell is not None:
+                        _drain(lone_watch.bell)
+            still_timing = bool(timed_watch._v[5])
+            release.set()
+            holder.join()
+            fired = wd.fired is not None
+    finally:
+        release.set()
+        timed_watch.close()
+        lone_watch.close()
+    out: dict[str, Any] = {
+        name: {"p50_ns": _pct(v, 50), "p99_ns": _pct(v, 99), "rounds": len(v)}
+        for name, v in per_call.items()
+    }
+    out["_checks"] = {"still_timing": still_timing, "fired": fired}
+    return out
+
+
+def _drain(fd: int) -> None:
+    """Empty the untimed watch's bell (nobody reads it): a full pipe would make its calls
+    skip the write, and time less than a real ring."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 65536):
+            pass
+
+
+def _with_load(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, with the 1-minute load average before and after it."""
+    before = os.getloadavg()[0]
+    out = fn(*args)
+    return {"result": out, "load": [before, os.getloadavg()[0]]}
 
 
 _BEATER = """
@@ -240,6 +343,8 @@ def render(r: dict[str, Any]) -> str:
     ]
     for name, v in r["beat"].items():
         L.append(f"| `{name}` | {v['p50_ns']:.0f} ns | {v['p99_ns']:.0f} ns | {v['rounds']:,} |")
+    if "beat" in r.get("load", {}):
+        L += ["", _load_text(r["load"]["beat"])]
     sc = r.get("syscalls")
     L.append("")
     if r["command"].endswith("--quick"):
@@ -270,6 +375,8 @@ def render(r: dict[str, Any]) -> str:
             f"| {w['n']} | {w['window_s']:.0f} s | {w['idle_watcher']} | {w['idle_poller']} | "
             f"{w['expected_watcher']} | {w['expected_poller']} |"
         )
+    if "wakeups" in r.get("load", {}):
+        L += ["", _load_text(r["load"]["wakeups"])]
     lat = r["latency"]
     L += [
         "",
@@ -278,10 +385,71 @@ def render(r: dict[str, Any]) -> str:
         f"Thread mode, `stall_timeout` {lat['stall_timeout_s']} s, a helper that never beats: "
         f"from the start of the wait to the first action, minus `stall_timeout`, over "
         f"{lat['trials']} trials: p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max "
-        f"{lat['max_ms']:.1f} ms.",
+        f"{lat['max_ms']:.1f} ms."
+        + (" " + _load_text(r["load"]["latency"]) if "latency" in r.get("load", {}) else ""),
         "",
     ]
+    if "call" in r:
+        L += [
+            "## One call (`callers=True`)",
+            "",
+            "`with watch.call(): pass` on a `ProgressWatch(60, callers=True)` whose slot this "
+            "thread has claimed (its first call, made before the rounds), next to a bare "
+            "`with contextlib.nullcontext(): pass` and an empty function call (the loop's own "
+            f"cost, in every row), in the same rounds: per call, from batches of {BATCH:,} "
+            "calls in a shuffled order; p50/p99 over the rounds. Two watches: one a "
+            "thread-mode watchdog is timing (another thread holds a call open all along), "
+            "the steady state while calls keep coming (a call is two stores and a memory "
+            "barrier); one nobody times, where each call rings the watcher's bell (one "
+            "`write()` to a pipe), as the first call does after the watcher found no call in "
+            "flight (at most once per `stall_timeout` while calls keep coming).",
+            "",
+            "| call | p50 | p99 | rounds |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, v in r["call"].items():
+            if name.startswith("_"):
+                continue
+            L.append(
+                f"| `{name}` | {v['p50_ns']:.0f} ns | {v['p99_ns']:.0f} ns | {v['rounds']:,} |"
+            )
+        checks = r["call"].get("_checks")
+        if checks:
+            L += ["", f"Checked after the rounds: the watcher was still timing the first watch: "
+                  f"{checks['still_timing']}; the watchdog fired: {checks['fired']}."]  # fmt: skip
+        if "call" in r.get("load", {}):
+            L += ["", _load_text(r["load"]["call"])]
+        L.append("")
+    L += _glt_sections()
     return "\n".join(L)
+
+
+def _load_text(load: list[float]) -> str:
+    return f"Load average (1 min) at the start and end of this part: {load[0]:.2f}, {load[1]:.2f}."
+
+
+def _glt_sections() -> list[str]:
+    """GLT sampling throughput with and without the progress watch, from the runs
+    ``bench_progress_glt.py`` kept (one per GLT stack)."""
+    from bench_progress_glt import section
+
+    runs = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "progress-glt-*.json")))
+    if not runs:
+        return []
+    L = [
+        "## GLT sampling throughput with and without the progress watch",
+        "",
+        "Two `healthkit_glt.DistNeighborLoader`s alive in one process (two sampling workers "
+        "each, a consumer that drops each batch), one without `stall_timeout` and one with "
+        "it (each worker beats per batch sent; the loader's receive is bounded by the "
+        "watch); each round runs the epochs without, with, with, without, so load from "
+        "other processes hits both alike within seconds. Method: "
+        "`benchmarks/bench_progress_glt.py`.",
+        "",
+    ]
+    for path in runs:
+        L += section(json.loads(Path(path).read_text()), Path(path).name)
+    return L
 
 
 def main(argv: list[str]) -> int:
@@ -295,17 +463,25 @@ def main(argv: list[str]) -> int:
         (ROOT / "docs" / "benchmarks-progress.md").write_text(render(saved))
         return 0
     window = 1.0 if args.quick else 5.0
-    result = {
+    result: dict[str, Any] = {
         "command": COMMAND + (" --quick" if args.quick else ""),
         "date": time.strftime("%Y-%m-%d"),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
-        "beat": beat_cost(200 if args.quick else 5000),
-        "syscalls": None if args.quick else syscalls_per_beat(),
-        "wakeups": [wakeups(n, window) for n in ([1, 10] if args.quick else [1, 10, 100])],
-        "latency": latency(5 if args.quick else 50),
     }
+    counts = [1, 10] if args.quick else [1, 10, 100]
+    parts = {
+        "beat": (beat_cost, 200 if args.quick else 5000),
+        "call": (call_cost, 200 if args.quick else 5000),
+        "wakeups": (lambda: [wakeups(n, window) for n in counts],),
+        "latency": (latency, 5 if args.quick else 50),
+    }
+    result["load"] = {}
+    for name, (fn, *fargs) in parts.items():
+        done = _with_load(fn, *fargs)
+        result[name], result["load"][name] = done["result"], done["load"]
+    result["syscalls"] = None if args.quick else syscalls_per_beat()
     if args.quick:
         out_dir = Path(tempfile.mkdtemp(prefix="hk-bench-progress-"))
         (out_dir / "progress.json").write_text(json.dumps(result, indent=1))

@@ -10,6 +10,7 @@ server-client cases run them), each scenario a script run in its own process gro
     $H sampler-error stock   # the server's features cover half the nodes
     HK_TEST_SEED_REPEATS=125 $H worker-kill hk 0 0.02  # a worker killed in a 2,000-batch epoch
     $H fail-rebuild 21 0 worker-death,sampler-error,init-failure   # a long-lived server
+    $H stall 1         # stall_timeout=1 s: slow, idle, then every worker stuck
     $H healthy hk 3    # three epochs, nothing fails (the overhead benchmark's run)
     $H healthy hk 2 healthy,healthy-stock   # a stock GLT client of the same server too
     $H healthy stock 2 healthy,healthy-hk   # a healthkit_glt client of a stock server
@@ -142,6 +143,26 @@ def slow_sampler_factory(*, delay: float, **kwargs: Any) -> Any:
     return sampler
 
 
+def slow_then_stuck_sampler_factory(*, delay: float, slow_calls: int, **kwargs: Any) -> Any:
+    """GLT's sampler, each of its first ``slow_calls`` batches issued ``delay`` s late (slow
+    but progressing), then blocked for good, alive (a stall: the report must name this)."""
+    import healthkit_glt as hg
+
+    sampler = hg.create_dist_sampler(**kwargs)
+    sample = sampler.sample_from_nodes
+    calls = [0]
+
+    def stuck_in_sampler_forever(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        while calls[0] > slow_calls:
+            time.sleep(3600)
+        time.sleep(delay)
+        return sample(*args, **kw)
+
+    sampler.sample_from_nodes = stuck_in_sampler_forever
+    return sampler
+
+
 def worker_pids_of(worker_key: str) -> list[int]:
     """Runs on the server (a client's RPC): the pids of the producer serving a key."""
     from graphlearn_torch.distributed.dist_server import get_server
@@ -150,6 +171,18 @@ def worker_pids_of(worker_key: str) -> list[int]:
     producer_id = server._worker_key2producer_id.get(worker_key)
     producer = server._producer_pool.get(producer_id)
     return [] if producer is None else [w.pid for w in producer._workers]
+
+
+def producer_wait_state(worker_key: str) -> dict[str, Any]:
+    """Runs on the server (a client's RPC): whether the producer serving a key has a wait
+    for a batch open (``waiting``) and that wait paused (``paused``: its last fetch answered
+    "not yet" and none came since)."""
+    from graphlearn_torch.distributed.dist_server import get_server
+
+    server = get_server()
+    producer = server._producer_pool.get(server._worker_key2producer_id.get(worker_key))
+    return {"waiting": getattr(producer, "_waiting_since", None) is not None,
+            "paused": getattr(producer, "_paused_at", None) is not None}  # fmt: skip
 
 
 def failed_producers() -> list[dict[str, Any]]:
@@ -349,6 +382,73 @@ def _long_epoch(
         return err
 
 
+STALL_EPOCHS = 3  # the slow epochs: 8 batches per worker each, stall_timeout / 2 apiece
+STALL_WORKER_BATCHES = 8  # 1,000 seeds, 2 workers, batches of 64
+IDLE_AFTER_BATCH = 4  # of its second epoch: then the client trains for IDLE_TIMEOUTS x it
+IDLE_TIMEOUTS = 3
+
+
+def _slow_and_idle(loader: Any, server: str, key: str) -> dict[str, Any]:
+    """``STALL_EPOCHS`` epochs of a slow-but-progressing producer (``stall_timeout`` set,
+    each worker's batch taking half of it, the server answering "not yet" after 10 ms); in
+    the second, after a batch from ``IDLE_AFTER_BATCH`` on, the client trains
+    ``IDLE_TIMEOUTS`` x ``stall_timeout`` without asking (the server's ring, 2 batches,
+    fills, and the workers wait in send, beating nothing). Neither may fail the loader.
+    ``paused_in_idle``: the server's producer, read during the idle time, had a wait open
+    and paused (what a stall clock that kept running through the idle time would have
+    fired on)."""
+    from torch.distributed import rpc
+
+    stall_s = float(os.environ["HK_TEST_STALL_S"])
+    out: dict[str, Any] = {"epochs": [], "paused_in_idle": None}
+
+    def report(n: int) -> None:
+        # The idle time begins after the first batch (from IDLE_AFTER_BATCH on) whose
+        # fetches in flight were all answered "not yet" (a batch that came with it, the
+        # other worker's, leaves no wait open): the case a running stall clock would fail.
+        if len(out["epochs"]) != 1 or n < IDLE_AFTER_BATCH or "idle_s" in out:
+            return
+        t = time.monotonic()
+        time.sleep(0.2)  # the fetches in flight are answered by then (10 ms each)
+        state = rpc.rpc_sync(server, producer_wait_state, args=(key,))
+        if not state["paused"]:
+            return
+        out["paused_in_idle"], out["idle_at_batch"] = state, n
+        time.sleep(max(0.0, IDLE_TIMEOUTS * stall_s - (time.monotonic() - t)))
+        out["idle_s"] = time.monotonic() - t
+
+    t0 = time.monotonic()
+    try:
+        for _ in range(STALL_EPOCHS):
+            out["epochs"].append(_epoch(loader, report=report))
+    except Exception as e:
+        out["error"] = _error(e)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
+def _stuck(loader: Any, worker_pids: list[int]) -> dict[str, Any]:
+    """The next epoch, in which every sampling worker on the server blocks in its sampler
+    from its 3rd batch, alive: the client's error, how long after its last batch it came,
+    and whether the stuck workers were ended."""
+    last, batches = time.monotonic(), 0
+    try:
+        for batch in loader:
+            batches += 1
+            last = time.monotonic()
+            del batch
+    except Exception as e:
+        err = _error(e)
+        gone, survivors = _gone_within(worker_pids, 15.0)
+        return {**err, "after_last_batch_s": err["at"] - last, "batches": batches,
+                "worker_pids": worker_pids, "stalled_for": getattr(e, "stalled_for", None),
+                "worker_ranks": list(getattr(e, "worker_ranks", ())),
+                "diagnosis_pids": [d.pid for d in getattr(e, "diagnoses", ())],
+                "diagnosis_causes": [d.cause.name for d in getattr(e, "diagnoses", ())],
+                "workers_gone_after_s": gone, "survivors": survivors}  # fmt: skip
+    return {"finished": True, "batches": batches}
+
+
 def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sampling_port: int,
                 out: Any, go: Any) -> None:  # fmt: skip
     """One client; ``role`` is ``a``, ``b``, ``c`` (module docstring), ``solo`` (epochs
@@ -384,6 +484,11 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         kwargs["sampler_factory"] = functools.partial(
             glt_scenarios._raising_sampler_factory, raise_in="_sample_from_nodes"
         )
+    if role == "stall":  # slow but progressing (stall_timeout / 2 a batch), then stuck
+        stall_s = float(os.environ["HK_TEST_STALL_S"])
+        kwargs.update(stall_timeout=stall_s, fetch_wait=0.01, sampler_factory=functools.partial(
+            slow_then_stuck_sampler_factory, delay=stall_s / 2,
+            slow_calls=STALL_EPOCHS * STALL_WORKER_BATCHES + 2))  # fmt: skip
     ct = float(os.environ.get("HK_TEST_CONNECTION_TIMEOUT", "0")) or None
     if ct and mode == "hk":
         kwargs["connection_timeout"] = ct
@@ -409,6 +514,10 @@ def client_main(mode: str, role: str, rank: int, num_clients: int, port: int, sa
         out.put((role, "error", _until_error(loader, out, role, "mid-epoch", delay=0.3)))
     elif role == "solo":
         out.put((role, "lost", _until_error(loader, out, role, "mid-epoch", delay=0.1)))
+    elif role == "stall":
+        pids = rpc.rpc_sync(server, worker_pids_of, args=(key,))
+        out.put((role, "slow", _slow_and_idle(loader, server, key)))
+        out.put((role, "stuck", _stuck(loader, pids)))
     elif role == "rebuild":
         import glt_scenarios
 
@@ -905,12 +1014,39 @@ def scenario_healthy(mode: str, epochs: int = 3, clients: str = "healthy") -> No
         _result(**res)
 
 
+def scenario_stall(stall: str = "1") -> None:
+    """healthkit_glt, ``stall_timeout=stall`` on the server's producer; one client whose
+    producer is slow but progressing, with an idle pause (:func:`_slow_and_idle`: must not
+    fail), and then, in the next epoch, has every worker stuck, alive (:func:`_stuck`: must
+    fail the client's loader with the workers' ranks, pids, states and stacks)."""
+    _log_setup()
+    os.environ["HK_TEST_STALL_S"] = stall
+    os.environ["HK_TEST_BUFFER_CAPACITY"] = "2"
+    job = Job("hk", ["stall"])
+    res: dict[str, Any] = {"stall_timeout": float(stall), "server_pid": job.server_pid}
+    try:
+        if job.wait_for("stall", "ready", READY_S) is None:
+            res["error"] = _not_ready(job, "stall")
+            return
+        slow = job.wait_for("stall", "slow", 120 + 30 * float(stall))
+        res["slow"] = slow[2] if slow else None
+        stuck = job.wait_for("stall", "stuck", 120)
+        res["stuck"] = stuck[2] if stuck else None
+        res["client_exit"] = job.wait_for("stall", "exit", 60) is not None
+        res["segments_left"] = len(_segments([job.server_pid]))
+    finally:
+        job.stop_all()
+        res["orphan_segments_removed"] = len(job.removed_segments)
+        _result(**res)
+
+
 SCENARIOS = {
     "faults": lambda a: scenario_faults(*a),
     "network-loss": lambda a: scenario_network_loss(*a),
     "sampler-error": lambda a: scenario_sampler_error(*a),
     "worker-kill": lambda a: scenario_worker_kill(*a),
     "fail-rebuild": lambda a: scenario_fail_rebuild(*a),
+    "stall": lambda a: scenario_stall(*a),
     "healthy": lambda a: scenario_healthy(a[0], *(int(x) for x in a[1:2]), *a[2:]),
 }
 

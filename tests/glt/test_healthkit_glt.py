@@ -1146,3 +1146,35 @@ def test_with_stall_timeout_slow_but_progressing_workers_never_fail_the_loader()
     r = run.result
     assert r["outcome"] == "finished" and r["batches"] == 22, r
     assert r["seconds"] >= 5.0, r  # it was slow: about 10 x 0.6 s
+
+
+def test_a_paused_wait_keeps_its_quiet_time_before_the_pause_and_never_counts_the_pause() -> None:
+    """The stall clock of a wait that a fetch loop paused (server-client: a fetch answered
+    "not yet", nobody asks meanwhile) and resumed: real beats on a real progress page, the
+    producer's state set by hand (no workers needed for the rule itself)."""
+    with hk.ProgressWatch(60) as watch:
+        p = object.__new__(hg.DistSamplingProducer)
+        p._progress, p._paused_at, p._waiting_since = [watch], None, None
+        p.pause_waiting()  # no wait open: nothing to pause
+        assert p._paused_at is None
+        t = time.monotonic()
+        # no beat at all: 4 s quiet before the pause count, the 6 s pause does not
+        p._waiting_since = t - 10
+        p.pause_waiting()
+        first = p._paused_at
+        assert first is not None and first >= t
+        p.pause_waiting()  # paused already: the first pause's time stays
+        assert p._paused_at == first
+        p._paused_at = t - 6
+        assert p._resumed_wait(t) == pytest.approx(t - 4)
+        # a beat before the pause: the quiet time runs from it to the pause (2 s)
+        watch.heartbeat.beat()
+        beat = watch.last_beat
+        assert beat is not None
+        p._waiting_since, p._paused_at = beat - 5, beat + 2
+        assert p._resumed_wait(beat + 10) == pytest.approx(beat + 8)
+        # a beat during the pause (a batch sent while nobody asked): the clock starts afresh
+        p._waiting_since, p._paused_at = beat - 5, beat - 1
+        assert p._resumed_wait(beat + 10) == beat + 10
+        p._stop_waiting()  # a batch received: no wait, no pause
+        assert p._waiting_since is None and p._paused_at is None

@@ -388,3 +388,45 @@ def test_a_lost_network_ends_the_clients_loader_and_the_servers_producer_within_
     assert nl["survivors"] == [] and nl["workers_gone_after_s"] < 2 * ssc.CONNECTION_TIMEOUT_S + 5
     # in full, events included: a server that missed its stop report was seen under load
     assert r["client_exit"] is True and r["server_stopped"] is True, f"{r!r}"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_live_server_worker_that_stops_sending_fails_the_client_but_slow_or_idle_never_does() -> (
+    None
+):
+    """stall_timeout=1 on the server's producer, one client, one run (a server start-up is
+    the costly part). Twins first: 3 epochs of workers each taking half the timeout per
+    batch (12 timeouts), the server answering "not yet" every 10 ms; in the second epoch
+    the client trains 3 timeouts without asking while the ring (2 batches) fills and the
+    workers wait in send (before the fix, the server's stall clock ran on through that
+    pause and failed the next fetch: "no batch for 2.6s"). Then, in the 4th epoch, every
+    worker blocks in its sampler, alive: the client's loader fails with each worker's
+    rank, pid, state and stack, and the stuck workers are ended."""
+    r = _run("stall", "1")
+    slow = r["slow"]
+    assert "error" not in slow, slow["error"]["message"][:3000]
+    assert [(e["batches"], e["every_seed_once"]) for e in slow["epochs"]] == [(16, True)] * 3
+    assert slow["seconds"] >= 10.0, slow  # it was slow: 24 batches per worker x 0.5 s
+    # the idle path was taken: a wait open on the server and paused, nobody asking
+    assert slow["paused_in_idle"] == {"waiting": True, "paused": True}, slow
+    assert slow["idle_s"] >= 3.0 and slow["idle_at_batch"] < 16, slow
+    s = r["stuck"]
+    assert s.get("type") == "RemoteSamplingError" and s["kind"] == "stalled", s
+    assert s["batches"] == 4, s  # 2 per worker, then stuck
+    assert 1.0 <= s["stalled_for"] < 3.0, s  # the check wakes at the bound (loaded: late)
+    assert s["after_last_batch_s"] < 10.0, s  # stall_timeout, the report, the RPC: generous
+    pids = s["worker_pids"]
+    assert s["worker_ranks"] == [0, 1] and s["diagnosis_pids"] == pids, s
+    assert (s["worker_rank"], s["pid"], s["cause"]) == (0, pids[0], "STALLED"), s
+    assert (s["server_rank"], s["server_pid"]) == (0, r["server_pid"]), s
+    text = s["message"]
+    assert text.startswith(f"sampling server rank 0 ({socket.gethostname()}, pid "
+                           f"{r['server_pid']}): no batch for "), text[:300]  # fmt: skip
+    assert "while the loader waited for batch 5 of this epoch, every sampling worker alive" in text
+    for rank, pid in enumerate(pids):
+        assert f"sampling worker {rank} (pid {pid}) stalled: no progress for" in text, text
+        assert f"Python stacks of sampling worker {rank} (pid {pid})" in text, text
+    assert "it is alive and blocked: state S in clock_nanosleep" in text, text
+    assert text.count("in stuck_in_sampler_forever") == 2, text  # each worker's stuck thread
+    assert s["survivors"] == [] and s["workers_gone_after_s"] is not None, s
+    assert r["client_exit"] is True and r["segments_left"] == 0, r

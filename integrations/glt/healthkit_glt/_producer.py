@@ -378,6 +378,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         )
         self._progress: list[ProgressWatch] = []  # one per worker, with stall_timeout
         self._waiting_since: float | None = None  # the loader waits for a batch since
+        self._paused_at: float | None = None  # nobody asks since (see pause_waiting)
         super().__init__(data, sampler_input, sampling_config, worker_options, output_channel)
         self.timeouts: TimeoutPlan = resolve_timeouts(
             rpc_init_timeout=rpc_init_timeout,
@@ -616,6 +617,9 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             self._waiting_since = now
             for watch in self._progress:
                 watch.begin("a batch")
+        elif self._paused_at is not None:  # asked again after a pause: it never counts
+            self._waiting_since = self._resumed_wait(now)
+        self._paused_at = None
         deadline = None if timeout is None else now + timeout
         while True:
             last = max([self._waiting_since] + [b for b in self._last_beats() if b is not None])
@@ -633,7 +637,26 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             except QueueTimeoutError:
                 continue
 
+    def pause_waiting(self) -> None:
+        """Nobody waits for a batch from now until the next ``recv()`` (server-client mode:
+        a fetch answered "not yet", and the client may not ask again until its training
+        step is done). The stall clock stops meanwhile: the quiet time before the pause
+        still counts, the pause does not, and a batch sent during it starts the clock
+        afresh. A fetch loop that asks again at once loses nothing of the wait."""
+        if self._waiting_since is not None and self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def _resumed_wait(self, now: float) -> float:
+        """Where the stall clock starts when the wait resumes at ``now`` after a pause."""
+        paused = self._paused_at
+        assert paused is not None and self._waiting_since is not None
+        base = max([self._waiting_since] + [b for b in self._last_beats() if b is not None])
+        if base >= paused:  # a worker sent a batch during the pause
+            return now
+        return now - (paused - base)  # the quiet time before the pause, and no more
+
     def _stop_waiting(self) -> None:
+        self._paused_at = None
         if self._waiting_since is not None:
             self._waiting_since = None
             for watch in self._progress:

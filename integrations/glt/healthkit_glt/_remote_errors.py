@@ -34,9 +34,11 @@ class ServerHello:
 class ServerFailure:
     """Why a server cannot serve a producer (sent to the client as a value).
 
-    ``kind``: ``"worker died"``, ``"sampler raised"``, ``"init failed"``, ``"shut down"``
-    (its client's lease ended, or the server is shutting down), ``"unknown producer"``,
-    ``"lease"`` (the client's lease was not open), ``"not a healthkit_glt server"``.
+    ``kind``: ``"worker died"``, ``"sampler raised"``, ``"stalled"`` (every worker alive,
+    none sent a batch for the producer's ``stall_timeout`` while a fetch waited),
+    ``"init failed"``, ``"shut down"`` (its client's lease ended, or the server is shutting
+    down), ``"unknown producer"``, ``"lease"`` (the client's lease was not open),
+    ``"not a healthkit_glt server"``.
     """
 
     kind: str
@@ -52,6 +54,8 @@ class ServerFailure:
     worker_traceback: str | None = None
     raised_at: float | None = None  # a raising worker's time.time() at its report
     at: float = 0.0  # the server's time.time() when the failure was seen
+    stalled_for: float | None = None  # a stall: how long the fetch waited with no batch
+    worker_ranks: tuple[int, ...] = ()  # a stall: every live (stalled) worker's rank
 
 
 class RemoteSamplingError(HealthkitError, RuntimeError):
@@ -61,8 +65,11 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
     :class:`SamplingServerLostError`); ``server_rank``, ``host`` and ``server_pid`` name the
     server; for a worker that died or raised, ``worker_rank``, ``pid`` and (for a death)
     ``diagnosis`` / ``diagnoses`` are the worker's, ``worker_traceback`` its traceback and
-    ``raised_at`` its ``time.time()`` when it reported. The loader is unusable afterwards:
-    shut it down and build a new one.
+    ``raised_at`` its ``time.time()`` when it reported. For a stall (``kind == "stalled"``,
+    the producer's ``stall_timeout``), ``worker_ranks`` and ``diagnoses`` are every stalled
+    worker's (state, what it is blocked on, stacks), ``worker_rank``, ``pid`` and
+    ``diagnosis`` the first one's, and ``stalled_for`` how long the server's fetch waited.
+    The loader is unusable afterwards: shut it down and build a new one.
     """
 
     def __init__(
@@ -79,6 +86,8 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
         diagnoses: tuple[Diagnosis, ...] = (),
         worker_traceback: str | None = None,
         raised_at: float | None = None,
+        stalled_for: float | None = None,
+        worker_ranks: tuple[int, ...] = (),
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -91,6 +100,8 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
         self.diagnoses = diagnoses
         self.worker_traceback = worker_traceback
         self.raised_at = raised_at
+        self.stalled_for = stalled_for
+        self.worker_ranks = worker_ranks
 
     @classmethod
     def from_failure(cls, failure: ServerFailure) -> RemoteSamplingError:
@@ -107,6 +118,8 @@ class RemoteSamplingError(HealthkitError, RuntimeError):
             diagnoses=failure.diagnoses,
             worker_traceback=failure.worker_traceback,
             raised_at=failure.raised_at,
+            stalled_for=failure.stalled_for,
+            worker_ranks=failure.worker_ranks,
         )
 
 

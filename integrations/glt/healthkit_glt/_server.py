@@ -46,6 +46,7 @@ from healthkit_glt._lease import connection_timeout as resolve_connection_timeou
 from healthkit_glt._producer import (
     DistSamplingProducer,
     SamplingError,
+    SamplingStalledError,
     SamplingWorkerDiedError,
     check_producer_kwargs,
     drop_frames,
@@ -197,7 +198,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                 self._epoch[producer_id] = epoch
                 try:
                     producer.produce_all()
-                except (SamplingWorkerDiedError, SamplingError) as e:
+                except (SamplingWorkerDiedError, SamplingError, SamplingStalledError) as e:
                     return self._record(producer_id, e)
         return None
 
@@ -230,10 +231,13 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                         return "end", None
                     left_ms = int((deadline - time.monotonic()) * 1000)
                     if left_ms <= 0:
+                        # The client may not ask again before its training step is done:
+                        # that time is no wait for a batch (with stall_timeout).
+                        producer.pause_waiting()
                         return "wait", None
                     with contextlib.suppress(QueueTimeoutError):
                         return "msg", producer.recv(timeout_ms=min(left_ms, 100))
-            except (SamplingWorkerDiedError, SamplingError) as e:
+            except (SamplingWorkerDiedError, SamplingError, SamplingStalledError) as e:
                 return "failed", self._record(producer_id, e)
             except RuntimeError:  # shut down meanwhile (its last client's lease ended)
                 return "failed", self._failures.get(producer_id) or self._gone(producer_id)
@@ -283,7 +287,9 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         return producer
 
     def _record(
-        self, producer_id: int, e: SamplingWorkerDiedError | SamplingError
+        self,
+        producer_id: int,
+        e: SamplingWorkerDiedError | SamplingError | SamplingStalledError,
     ) -> ServerFailure:
         """Turn a producer's failure into the record every fetch of it returns (once).
 
@@ -300,6 +306,16 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                 failure = self._failure(
                     "worker died", str(e), producer_id=producer_id, worker_rank=e.rank,
                     pid=e.diagnosis.pid, diagnosis=e.diagnosis, diagnoses=e.diagnoses,
+                )  # fmt: skip
+            elif isinstance(e, SamplingStalledError):
+                # Every live worker's state and stacks are in the message and diagnoses;
+                # worker_rank, pid and diagnosis are the first stalled worker's.
+                first = e.diagnoses[0] if e.diagnoses else None
+                failure = self._failure(
+                    "stalled", str(e), producer_id=producer_id,
+                    worker_rank=e.ranks[0] if e.ranks else None,
+                    pid=first.pid if first is not None else None, diagnosis=first,
+                    diagnoses=e.diagnoses, stalled_for=e.stalled_for, worker_ranks=e.ranks,
                 )  # fmt: skip
             else:
                 failure = self._failure(
