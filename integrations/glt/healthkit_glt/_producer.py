@@ -298,8 +298,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
       (default 3, as GiGL).
     - ``grace`` / ``kill_after``: shutdown's bounds: STOP then wait up to ``grace``; then
       SIGTERM and wait up to ``kill_after``; then SIGKILL (and up to ``kill_after`` more for
-      the kernel to end them), as :func:`healthkit.stop` names them. ``stop_timeout`` and
-      ``kill_timeout`` are their deprecated names.
+      the kernel to end them), as :func:`healthkit.stop` names them.
     - ``receiver``: how ``recv()`` waits (see :mod:`healthkit_glt._receive`): ``"auto"``
       (default) reads GLT's ShmChannel ring directly and falls back, with a warning, to a
       helper thread for other channels; ``"ring"`` requires the ring (raises
