@@ -32,6 +32,22 @@ from testutil import portable_paths as portable_paths  # noqa: E402
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "sleep"
 
 
+def tree_cpu_s() -> float:
+    """User + system CPU seconds, every thread, of this process and every process below it
+    (the sampling workers and whatever they started), from ``/proc/<pid>/stat``."""
+    from healthkit.lowlevel import descendants
+
+    total = 0
+    for pid in (os.getpid(), *descendants(os.getpid())):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # ended between the listing and the read
+        total += int(fields[11]) + int(fields[12])  # utime and stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def now_ns() -> int:
     return time.monotonic_ns()
 

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +86,30 @@ def beat_cost(rounds: int) -> dict[str, Any]:
             view[0] += 1
 
         calls = {"bare counter increment": bare, "store into the page": store, "beat()": hb.beat}
-        per_call: dict[str, list[float]] = {k: [] for k in calls}
-        for _ in range(rounds):
-            order = list(calls.items())
-            random.shuffle(order)
-            for name, fn in order:
-                t0 = time.perf_counter_ns()
-                for _ in range(BATCH):
-                    fn()
-                per_call[name].append((time.perf_counter_ns() - t0) / BATCH)
+        return _summary(_interleaved(calls, rounds))
+
+
+def _interleaved(
+    calls: dict[str, Callable[[], None]],
+    rounds: int,
+    after: Callable[[Callable[[], None]], None] = lambda fn: None,
+) -> dict[str, list[float]]:
+    """Nanoseconds per call of each of ``calls``: ``BATCH`` calls in a row, the calls in a
+    new random order each round, so that load hits them alike; ``after(fn)`` after each."""
+    per_call: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        order = list(calls.items())
+        random.shuffle(order)
+        for name, fn in order:
+            t0 = time.perf_counter_ns()
+            for _ in range(BATCH):
+                fn()
+            per_call[name].append((time.perf_counter_ns() - t0) / BATCH)
+            after(fn)
+    return per_call
+
+
+def _summary(per_call: dict[str, list[float]]) -> dict[str, Any]:
     return {
         name: {"p50_ns": _pct(v, 50), "p99_ns": _pct(v, 99), "rounds": len(v)}
         for name, v in per_call.items()
@@ -150,17 +166,13 @@ def call_cost(rounds: int) -> dict[str, Any]:
                 "with watch.call(): pass (a watcher timing)": timed,
                 "with watch.call(): pass (none timing: rings the bell)": lone,
             }
-            per_call: dict[str, list[float]] = {k: [] for k in calls}
-            for _ in range(rounds):
-                order = list(calls.items())
-                random.shuffle(order)
-                for name, fn in order:
-                    t0 = time.perf_counter_ns()
-                    for _ in range(BATCH):
-                        fn()
-                    per_call[name].append((time.perf_counter_ns() - t0) / BATCH)
-                    if fn is lone and lone_watch.bell is not None:
-                        _drain(lone_watch.bell)
+            bell = lone_watch.bell
+
+            def drain_after_lone(fn: Callable[[], None]) -> None:
+                if fn is lone and bell is not None:
+                    _drain(bell)
+
+            per_call = _interleaved(calls, rounds, drain_after_lone)
             still_timing = bool(timed_watch._v[5])
             release.set()
             holder.join()
@@ -169,10 +181,7 @@ def call_cost(rounds: int) -> dict[str, Any]:
         release.set()
         timed_watch.close()
         lone_watch.close()
-    out: dict[str, Any] = {
-        name: {"p50_ns": _pct(v, 50), "p99_ns": _pct(v, 99), "rounds": len(v)}
-        for name, v in per_call.items()
-    }
+    out = _summary(per_call)
     out["_checks"] = {"still_timing": still_timing, "fired": fired}
     return out
 

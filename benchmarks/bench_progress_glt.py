@@ -44,6 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _common import tree_cpu_s  # noqa: E402
 from _protocol import CONFIDENCE, RESAMPLES, SEED, bootstrap_ci  # noqa: E402
 
 ROOT = HERE.parent
@@ -56,26 +57,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "progress-glt-{}.json"  # version-da
 COMMAND = "{python} benchmarks/bench_progress_glt.py --rounds {rounds}"
 
 
-def _tree_cpu_s() -> float:
-    from healthkit.lowlevel import descendants
-
-    total = 0
-    for pid in (os.getpid(), *descendants(os.getpid())):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def _epoch(loader: Any) -> dict[str, float]:
-    t, c, n = time.perf_counter(), _tree_cpu_s(), 0
+    t, c, n = time.perf_counter(), tree_cpu_s(), 0
     for batch in loader:
         n += 1
         del batch  # release the ring slot at once
-    return {"wall_s": time.perf_counter() - t, "cpu_s": _tree_cpu_s() - c, "batches": n}
+    return {"wall_s": time.perf_counter() - t, "cpu_s": tree_cpu_s() - c, "batches": n}
 
 
 def measure(rounds: int, save: Any) -> list[dict[str, Any]]:

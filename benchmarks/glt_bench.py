@@ -69,6 +69,7 @@ import fault_matrix  # noqa: E402
 import glt_fixtures as fx  # noqa: E402
 import glt_scenarios as sc  # noqa: E402
 import glt_server_scenarios as ssc  # noqa: E402
+from _common import tree_cpu_s  # noqa: E402
 from _protocol import RULES, Target, Verdict, judge_difference, mean_difference_ci  # noqa: E402
 from testutil import portable_paths  # noqa: E402
 
@@ -122,20 +123,6 @@ SC_TARGETS = [
     for metric, what in (("wall", "wall time per epoch"),
                          ("cpu", "CPU of the whole job (client, server, workers) per batch"))
 ]  # fmt: skip
-
-
-def tree_cpu_s() -> float:
-    """User + system CPU seconds, every thread, of this process and every process below it
-    (the sampling workers and whatever they started), from ``/proc/<pid>/stat``."""
-    total = 0
-    for pid in (os.getpid(), *descendants(os.getpid())):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue  # ended between the listing and the read
-        total += int(fields[11]) + int(fields[12])  # utime and stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def training_step() -> Any:
