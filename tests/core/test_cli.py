@@ -251,7 +251,7 @@ def test_doctor_says_when_an_installed_integration_cannot_import(
 ) -> None:
     """The GLT distribution installed without a GLT stack: doctor names the import error
     instead of a bare version; an integration that imports is said to."""
-    from healthkit import _doctor
+    from healthkit._tools import doctor as _doctor
 
     broken = tmp_path / "healthkit_glt"
     broken.mkdir()
