@@ -458,18 +458,20 @@ class _WatchedIterMixin:
         guard = getattr(self, "_hk_guard", None)
         if guard is not None:
             guard.close()  # torch ends the workers now: nothing of that is a failure
-        released = (
-            not getattr(self, "_shutdown", True)
-            and _torch_utils.python_exit_status is False  # else torch's shutdown is a no-op
-            and _release_done_event(self)
-        )
-        if released:
+        # Else torch's shutdown is a no-op: already done, or the interpreter is exiting.
+        runs = not getattr(self, "_shutdown", True) and _torch_utils.python_exit_status is False
+        if runs and _release_done_event(self):
             _end_stranded_workers(self)
         super()._shutdown_workers()  # type: ignore[misc]
-        if released:
-            for w in getattr(self, "_workers", []):  # older torch terminates them unjoined: reap
-                w.join(_DONE_LOCK_WAIT_S)
-                if w.exitcode is None:  # a SIGTERM not acted on in time (a loaded machine)
+        if runs:
+            # torch ends a worker that outlived its 5 s join (a spawn worker exiting on a
+            # loaded machine) by terminate(); torch 2.3 never joins it after that: reap it
+            # (it stayed a zombie, with its pipes open), and SIGKILL one that outlives its
+            # SIGTERM. A worker torch joined is done with at once here.
+            for w in getattr(self, "_workers", []):
+                if w.exitcode is None:
+                    w.join(_DONE_LOCK_WAIT_S)
+                if w.exitcode is None:
                     w.kill()
                     w.join(_KILLED_JOIN_S)
 
