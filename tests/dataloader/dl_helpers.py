@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from healthkit import lowlevel
+
 
 class Slow(Dataset[torch.Tensor]):
     """``n`` items, each taking ``delay`` seconds: a worker is always busy on one."""
@@ -53,6 +55,21 @@ def _oom(cgroup: str) -> None:
         hoard.append(block)
 
 
+def _await_the_witness(limit: float = 30.0) -> None:
+    """Wait until the main process runs healthkit's stop-signal witness: the watchdog's
+    ``arm()`` starts it while it sets up the watch of a new iterator (bounded)."""
+    parent, deadline = os.getppid(), time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for pid in lowlevel.children(parent):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"import os, select, signal" in f.read():
+                        return
+            except OSError:
+                continue
+        time.sleep(0.001)
+
+
 def _done_event_lock() -> Any:
     """The lock of torch's ``done_event`` in this worker's loop (found in its frame)."""
     frame = sys._getframe()
@@ -67,7 +84,8 @@ class DiesAt(Slow):
     ``exit3``, ``segv`` (a null read in native code), ``bus``, ``raise`` (a Python
     exception: torch re-raises it), ``oom:<cgroup dir>``, ``exit0``, ``kill`` (SIGKILL from
     inside, as the OOM killer would, with no OOM record), ``kill-holding-done-lock`` (the
-    same while it holds the lock of torch's done event)."""
+    same while it holds the lock of torch's done event), ``kill-while-watched-starts`` (the
+    same as soon as the main process starts setting up the watch of the iterator)."""
 
     def __init__(self, at: int, how: str, n: int = 400, delay: float = 0.005) -> None:
         super().__init__(n, delay)
@@ -85,6 +103,9 @@ class DiesAt(Slow):
             if how == "bus":
                 _sigbus()
             if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "kill-while-watched-starts":
+                _await_the_witness()
                 os.kill(os.getpid(), signal.SIGKILL)
             if how == "kill-holding-done-lock":
                 _done_event_lock().acquire()  # as its is_set() between batches does

@@ -14,6 +14,7 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -257,17 +258,39 @@ def test_persistent_workers_are_watched_across_epochs_and_silent_at_their_end(
 
 
 @pytest.mark.parametrize("ctx", ["fork", "forkserver"])
-def test_a_worker_killed_holding_the_done_events_lock_does_not_hang_the_shutdown(
+def test_a_worker_killed_holding_the_done_events_lock_does_not_hang_the_loader(
     ctx: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Worker 0 is SIGKILLed while it holds the lock of torch's workers' done event (each
-    worker takes it between batches): torch's shutdown, whose first step sets that event,
-    would wait for the lock forever (at the iterator's __del__, after the error). The error
-    is raised, and the shutdown ends the other worker by torch's bounded join and terminate.
-    Its twin: a shutdown with every worker alive still sets the real event (workers exit 0)."""
+    """Worker 1 is SIGKILLed while it holds the lock of torch's workers' done event (each
+    worker takes it between batches). torch reads that event in the main thread in two
+    places, each of which would wait for the lock forever: its check of the workers after a
+    failed or timed-out read (a dead worker is marked unavailable; reached when its SIGCHLD
+    handler raises inside the read), called here as torch calls it, and its shutdown, whose
+    first step sets the event (at the iterator's __del__, after the error). Both return, the
+    error is raised, and the shutdown ends the other worker by torch's bounded join and
+    terminate. Its twin: a shutdown with every worker alive still sets the real event
+    (workers exit 0)."""
     it = iter(healthkit_torch.watch(loader(DiesAt(at=5, how="kill-holding-done-lock"), ctx=ctx)))
-    err, _ = raised_by(it)  # ends the iterator; a shutdown that blocked would time out here
-    assert isinstance(err, DataLoaderWorkerError) and "killed by SIGKILL" in str(err), repr(err)
+    lock = it._workers_done_event._cond._lock
+    try:
+        with pytest.raises(RuntimeError) as info:
+            drain(it)
+        err = info.value
+        del info
+        assert isinstance(err, DataLoaderWorkerError) and "killed by SIGKILL" in str(err), err
+        it._workers[err.worker_id].join(HANG_S)
+        if it._workers_status[err.worker_id]:  # else torch's own check ran already
+            check = threading.Thread(target=it._mark_worker_as_unavailable,
+                                     args=(err.worker_id,))
+            check.start()
+            check.join(HANG_S)
+            if check.is_alive():
+                lock.release()  # the dead worker's hold on it, to end the stuck thread
+                check.join()
+                it._workers_done_event = threading.Event()  # that lock's count is off now
+                pytest.fail("torch's check of its workers waited for the dead worker's lock")
+    finally:
+        end(it)  # a shutdown that blocked would time out here
     assert all(w.exitcode is not None for w in it._workers)
     assert "held the lock of the workers' done event" in "\n".join(healthkit_records(caplog))
     del it
@@ -277,6 +300,30 @@ def test_a_worker_killed_holding_the_done_events_lock_does_not_hang_the_shutdown
     end(twin)
     assert [w.exitcode for w in twin._workers] == [0, 0]
     del twin
+
+
+def test_a_worker_dead_before_its_watch_is_set_up_is_named_by_the_loader() -> None:
+    """A fork worker dies on its first item while the main process still sets up the watch
+    of the new iterator (the watchdog starts a small process then: slow on a loaded
+    machine). torch's SIGCHLD handler raises wherever the main thread is; it used to leave
+    iter() as torch's bare error, from the middle of that set-up, with the workers and that
+    process left running. Now the diagnosis is raised (by the first next(), or by the
+    chained handler once the watch runs), from torch's error."""
+    watched = healthkit_torch.watch(loader(DiesAt(at=0, how="kill-while-watched-starts")))
+    it: Any = None
+    try:
+        it = iter(watched)
+        drain(it)
+    except RuntimeError as e:
+        err: BaseException | None = e
+    else:
+        err = None
+    finally:
+        if it is not None:
+            end(it)
+    assert isinstance(err, DataLoaderWorkerError), repr(err)
+    assert err.worker_id == 0 and "was killed by SIGKILL" in str(err), err
+    del err, it
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a real OOM kill needs root to make a cgroup")

@@ -668,17 +668,31 @@ def scenario_hk_steady_state_stall(bound: str = "3") -> None:
 
 
 def _slow_sampler_factory(*, delay: float, **kwargs: Any) -> Any:
-    """GLT's real DistNeighborSampler, each node sampling ``delay`` seconds slow: slow but
-    progressing."""
+    """GLT's real DistNeighborSampler, each worker handing over a batch every ``delay``
+    seconds: slow but progressing. The delay is a schedule, not a sleep added before each
+    sampling: added, the real sampling time came on top of it (tens of ms more on a loaded
+    machine, more for an epoch's cold first batch), and the two workers, started together,
+    sent in pairs, so the loader waited ``delay`` plus the sampling with no batch: past
+    ``stall_timeout`` at 0.9 x it. Worker ``r`` of ``n`` keeps ``r / n`` of a period behind
+    worker 0, so the loader gets a batch about every ``delay / n``."""
     import asyncio
 
     import healthkit_glt as hg
+    from graphlearn_torch.distributed import get_context
 
     base = hg.create_dist_sampler(**kwargs)
     original = base._sample_from_nodes
+    group = get_context()
+    offset = delay * group.rank / group.world_size
+    due: list[float] = []
 
     async def slow_sampling(*args: Any, **kw: Any) -> Any:
-        await asyncio.sleep(delay)
+        now = time.monotonic()
+        if due:
+            due[0] += delay
+        else:
+            due.append(now + offset)
+        await asyncio.sleep(max(0.0, due[0] - now))
         return await original(*args, **kw)
 
     base._sample_from_nodes = slow_sampling
@@ -689,8 +703,8 @@ def scenario_hk_stall_timeout(mode: str = "stuck", stall: str = "2") -> None:
     """``stall_timeout`` set; the loop calls a blocking ``recv()``. ``stuck``: every worker
     blocks in its sampler from its 3rd batch (alive), and the loop trains for
     ``1.5 x stall`` after each batch (nobody waits meanwhile: never a stall), so the wait for
-    the 5th batch is the stall; ``slow``: each worker's batch takes ``0.9 x stall`` s, for
-    10 timeouts. Reports how the epoch ended."""
+    the 5th batch is the stall; ``slow``: each worker hands over a batch every
+    ``0.9 x stall`` s, half a period apart, for 10 timeouts. Reports how the epoch ended."""
     import functools
 
     import healthkit_glt as hg
@@ -704,8 +718,8 @@ def scenario_hk_stall_timeout(mode: str = "stuck", stall: str = "2") -> None:
     config = SamplingConfig(SamplingType.NODE, list(fx.NUM_NEIGHBORS), 64, True, False,
                             False, True, with_neg=False, with_weight=False, edge_dir="out",
                             seed=1)  # fmt: skip
-    # slow: each worker takes 0.9 x stall_timeout per batch, for 11 batches (10 timeouts);
-    # the loader's own gaps are about half that (two workers).
+    # slow: each worker hands over a batch every 0.9 x stall_timeout, for 11 batches (10
+    # timeouts), half a period apart: the loader's own gaps are about half that.
     factory = (
         _stalling_sampler_factory if mode == "stuck"
         else functools.partial(_slow_sampler_factory, delay=0.9 * bound)

@@ -1139,8 +1139,8 @@ def test_with_stall_timeout_live_workers_that_stop_sending_fail_the_loader_with_
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
 def test_with_stall_timeout_slow_but_progressing_workers_never_fail_the_loader() -> None:
-    """stall_timeout=0.6: each worker takes 0.9 x stall_timeout per batch, for about 10
-    timeouts: the epoch completes."""
+    """stall_timeout=0.6: each worker hands over a batch every 0.9 x stall_timeout, the two
+    half a period apart, for about 10 timeouts: the epoch completes."""
     run = sc.run_scenario("hk-stall-timeout", ["slow", "0.6"], timeout=150)
     assert run.returncode == 0, run.output
     r = run.result

@@ -624,6 +624,16 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             last = max([self._waiting_since] + [b for b in self._last_beats() if b is not None])
             quiet = time.monotonic() - last
             if decide_stall(quiet, stall_timeout=bound, armed=True).verdict is Verdict.FIRE:
+                # One more look before failing. The beats and the channel were read a while
+                # ago on a loaded machine (this thread can be descheduled between its last
+                # look at the channel and here), and a worker beats only once its send has
+                # returned: a batch already in the channel, or a beat since, is progress.
+                try:
+                    return receiver.receive(0)
+                except QueueTimeoutError:
+                    pass
+                if any(b is not None and b > last for b in self._last_beats()):
+                    continue
                 raise self._fail_stalled(quiet)
             wait = bound - quiet
             if deadline is not None:

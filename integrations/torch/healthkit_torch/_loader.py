@@ -146,6 +146,9 @@ class _Guard:
     closed: bool = False
     reported: bool = False
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: torch's error about one of these workers, raised by its SIGCHLD handler while the
+    #: watch was still being set up (see :func:`_attach`): the first ``next()`` raises it
+    deferred: RuntimeError | None = None
 
     def error(self) -> DataLoaderWorkerError | None:
         """A fresh copy of the published failure (each raise gets its own traceback)."""
@@ -190,6 +193,15 @@ class _Guard:
 
     def raise_if_failed(self) -> None:
         err = self.error()
+        if err is None and self.deferred is not None:
+            torch_error, self.deferred = self.deferred, None
+            err = self.explain(torch_error)  # waits a moment for the watcher's diagnosis
+            if err is None:
+                raise torch_error  # not one the watcher reports: torch's own, as torch raised it
+            try:
+                raise err from torch_error
+            finally:
+                del err, torch_error  # no reference cycle through this frame (see below)
         if err is not None:
             self._report(err)
             _raised(err)
@@ -338,6 +350,8 @@ def _install_sigchld_chain() -> None:
                 # before this signal is handled): torch's copy would surface a second time
                 # wherever the main thread is next, e.g. inside the iterator's shutdown.
                 return
+            if pids and _defer_while_attaching(e, pids):
+                return
             err = _explain_anywhere(e)
             if err is None:
                 raise
@@ -348,6 +362,29 @@ def _install_sigchld_chain() -> None:
 
     signal.signal(signal.SIGCHLD, chained)
     _chain_pid = owner
+
+
+@attrs.define(eq=False)
+class _Attaching:
+    """The workers of an iterator whose watch is being set up, and torch's error about one
+    of them that its SIGCHLD handler raised meanwhile."""
+
+    pids: frozenset[int]
+    deferred: RuntimeError | None = None
+
+
+_ATTACHING: list[_Attaching] = []
+
+
+def _defer_while_attaching(e: RuntimeError, pids: set[int]) -> bool:
+    """Keep torch's error about a worker of an iterator being set up for its first
+    ``next()``: raised here it would leave ``iter()``, from the middle of the watchdog's
+    ``arm()``, as torch's bare error, with the watch half set up."""
+    for pending in list(_ATTACHING):
+        if pids <= pending.pids:
+            pending.deferred = e
+            return True
+    return False
 
 
 def _explain_anywhere(e: BaseException) -> DataLoaderWorkerError | None:
@@ -411,20 +448,54 @@ class _WatchedIterMixin:
             max(0.0, deadline - time.monotonic())
         )
 
+    def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
+        # torch's check of its workers after a failed or timed-out read (and an exhausted
+        # replica) reads the workers' done event here: with its lock held by a dead worker
+        # that read would wait forever, in the main thread, before any error is raised.
+        _release_done_event(self)
+        super()._mark_worker_as_unavailable(worker_id, shutdown)  # type: ignore[misc]
+
     def _shutdown_workers(self) -> None:
         guard = getattr(self, "_hk_guard", None)
         if guard is not None:
             guard.close()  # torch ends the workers now: nothing of that is a failure
-        released = not getattr(self, "_shutdown", True) and _release_done_event(self)
+        # Else torch's shutdown is a no-op: already done, or the interpreter is exiting.
+        runs = not getattr(self, "_shutdown", True) and _torch_utils.python_exit_status is False
+        if runs and _release_done_event(self):
+            _end_stranded_workers(self)
         super()._shutdown_workers()  # type: ignore[misc]
-        if released:
-            for w in getattr(self, "_workers", []):  # older torch terminates them unjoined: reap
-                w.join(_DONE_LOCK_WAIT_S)
+        if runs:
+            # torch ends a worker that outlived its 5 s join (a spawn worker exiting on a
+            # loaded machine) by terminate(); torch 2.3 never joins it after that: reap it
+            # (it stayed a zombie, with its pipes open), and SIGKILL one that outlives its
+            # SIGTERM. A worker torch joined is done with at once here.
+            for w in getattr(self, "_workers", []):
+                if w.exitcode is None:
+                    w.join(_DONE_LOCK_WAIT_S)
+                if w.exitcode is None:
+                    w.kill()
+                    w.join(_KILLED_JOIN_S)
 
 
 # How long a shutdown waits for the workers' done event's lock before it takes the event as
 # held by a dead worker: a live worker holds it for microseconds (an is_set() between batches).
 _DONE_LOCK_WAIT_S = 1.0
+#: How long a shutdown waits for a SIGKILLed worker to be gone (it runs no code of its own).
+_KILLED_JOIN_S = 30.0
+
+
+def _end_stranded_workers(it: Any) -> None:
+    """With the done event replaced, no live worker can ever see it set (one that reads the
+    old event waits for the dead worker's lock), and torch would wait out its 5 s join for
+    each of them, one after the other, before it terminates them: terminate them now. Their
+    pids leave torch's SIGCHLD handler first, as torch's own shutdown does before its
+    terminate, so that their SIGTERM is not reported as a worker's death."""
+    if getattr(it, "_worker_pids_set", False):
+        torch._C._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    for w in getattr(it, "_workers", []):
+        if w.is_alive():
+            w.terminate()
 
 
 def _release_done_event(it: Any) -> bool:
@@ -433,7 +504,11 @@ def _release_done_event(it: Any) -> bool:
     whose first step is ``done_event.set()``, then blocks forever: at the loader's ``__del__``,
     after the error was raised (pytorch#21554's kind of deadlock). With a worker dead by a
     signal, test the lock; if nobody gives it back, give torch a fresh event to set: the
-    workers never see it, and torch's bounded join then terminates them. True if so."""
+    workers never see it, and torch's bounded join then terminates them. True if so (also
+    when an earlier call did: torch's check of its workers reads the event too, see
+    ``_mark_worker_as_unavailable``)."""
+    if getattr(it, "_hk_done_event_replaced", False):
+        return True
     workers = getattr(it, "_workers", None) or []
     if not any((w.exitcode or 0) < 0 for w in workers):
         return False
@@ -449,6 +524,7 @@ def _release_done_event(it: Any) -> bool:
         "other workers without it (torch's join, then terminate)"
     )
     it._workers_done_event = threading.Event()
+    it._hk_done_event_replaced = True
     return True
 
 
@@ -467,18 +543,27 @@ def _attach(it: Any, loader: Any) -> Any:
     """Watch the workers of an iterator torch has just built (they are running)."""
     if not isinstance(it, _MP_ITER) or isinstance(it, _WatchedIterMixin):
         return it  # single-process, or watched already (a loader wrapped twice)
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    guard = _Guard(
-        knobs=_knobs(loader, it),
-        pids={wk.pid: i for i, wk in enumerate(it._workers)},
-        iterator=weakref.ref(it),
-        data_queue=it._data_queue if it._pin_memory else None,
-        wake_r=r,
-        wake_w=w,
-    )
+    # The workers run already, and the watch below takes a while to set up (arm() starts a
+    # small process, slow to start on a loaded machine). A fork worker that dies meanwhile
+    # (on its first item) makes torch's SIGCHLD handler raise wherever the main thread is:
+    # here, out of iter(), as torch's bare error. The handler chained after torch's, in
+    # place first, keeps that error for the first next() (see _defer_while_attaching).
+    pending = _Attaching(frozenset(wk.pid for wk in it._workers))
+    _ATTACHING.append(pending)
+    guard: _Guard | None = None
     try:
+        _install_sigchld_chain()
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        guard = _Guard(
+            knobs=_knobs(loader, it),
+            pids={wk.pid: i for i, wk in enumerate(it._workers)},
+            iterator=weakref.ref(it),
+            data_queue=it._data_queue if it._pin_memory else None,
+            wake_r=r,
+            wake_w=w,
+        )
         wd = DisarmableWatchdog(
             actions=[guard.on_failure],
             name="healthkit_torch",
@@ -493,9 +578,13 @@ def _attach(it: Any, loader: Any) -> Any:
         _GUARDS.add(guard)
         wd.arm()
     except BaseException:
-        guard.close()
+        if guard is not None:
+            guard.close()
         raise
-    _install_sigchld_chain()
+    finally:
+        _ATTACHING.remove(pending)
+    # From here on the watch runs: torch's error about a worker is explained where raised.
+    guard.deferred = pending.deferred
     return it
 
 
