@@ -545,39 +545,51 @@ class Witness:
 
     def __init__(self) -> None:
         self.owner = os.getpid()
-        rfd, wfd = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WITNESS_MAIN, str(wfd), str(self.owner)],
-                pass_fds=[wfd],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-            )
-        except BaseException:
-            os.close(rfd)
-            raise
-        finally:
-            os.close(wfd)
-        self.rfd = rfd
         self.buf = b""
         self.lines: list[tuple[signal.Signals, float]] = []
         #: (pid, start time) -> when the witness saw it end (its own clock), for the helpers
         #: it was told of
         self.deaths: dict[tuple[int, int], float] = {}
-        deadline = time.monotonic() + _WITNESS_START_S
-        while b"ready\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([rfd], [], [], left)[0]:
-                self.close()
-                raise OSError("the stop-signal witness did not start in time")
-            chunk = os.read(rfd, 4096)
-            if not chunk:
-                self.close()
-                raise OSError("the stop-signal witness ended at start")
-            self.buf += chunk
+        rfd, wfd = os.pipe()
+        # No handler may raise (a Ctrl-C) inside Popen: a child already forked would be left
+        # running with nothing to end it. Blocked, the signal waits until it can be handled
+        # below, where this object ends its witness; the witness clears the mask it inherits.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _NOT_FOR_OUR_THREADS)
+        try:
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _WITNESS_MAIN, str(wfd), str(self.owner)],
+                    pass_fds=[wfd],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                )
+            finally:
+                os.close(wfd)
+        except BaseException:
+            os.close(rfd)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
+        self.rfd = rfd
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C meanwhile: raised here
+            self._wait_ready()
+        except BaseException:  # never leave it running
+            self.close()
+            raise
         self.buf = self.buf.split(b"ready\n", 1)[1]
         os.set_blocking(rfd, False)
         self.pid = self.proc.pid
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _WITNESS_START_S
+        while b"ready\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.rfd], [], [], left)[0]:
+                raise OSError("the stop-signal witness did not start in time")
+            chunk = os.read(self.rfd, 4096)
+            if not chunk:
+                raise OSError("the stop-signal witness ended at start")
+            self.buf += chunk
 
     def read(self) -> list[tuple[signal.Signals, float]]:
         """The stop signals recorded since the last read, with the witness's time for each."""

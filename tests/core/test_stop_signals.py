@@ -564,3 +564,51 @@ def test_note_stop_survived_without_a_watchdog_does_nothing() -> None:
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=50
     )
     assert proc.stdout.split() == ["True", "[]"], (proc.stdout, proc.stderr)
+
+
+@pytest.mark.timeout(120)
+def test_a_witness_interrupted_while_it_starts_is_not_left_running() -> None:
+    """Ctrl-C (here a real SIGALRM whose handler raises KeyboardInterrupt, at delays from
+    1 ms to 60 ms) while the witness starts: whichever step it interrupts, the started
+    witness is ended and reaped, and no pipe is left open. Some runs must be interrupted
+    while waiting for the witness to say it is ready (its interpreter's start-up), the
+    path that once leaked; the twin, an uninterrupted start, ends cleanly too."""
+    code = """
+        import os, signal, time, traceback
+        from healthkit import _stopsignals
+
+        def children():
+            out = set()
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/children") as f:
+                    out |= {int(p) for p in f.read().split()}
+            return out
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        fds = set(os.listdir("/proc/self/fd"))
+        in_wait = 0
+        for delay_ms in [1, 2, 5, 10, 20, 30, 40, 60] * 2:
+            signal.setitimer(signal.ITIMER_REAL, delay_ms / 1000)
+            try:
+                w = _stopsignals.Witness()
+            except KeyboardInterrupt as e:
+                in_wait += "_wait_ready" in "".join(traceback.format_tb(e.__traceback__))
+            else:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                w.close()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            assert not children(), (delay_ms, children())
+        assert set(os.listdir("/proc/self/fd")) <= fds | {str(max(map(int, fds)) + 1)}
+        w = _stopsignals.Witness()
+        w.close()
+        assert not children()
+        print("OK", in_wait)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=100
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("OK "), (proc.stdout, proc.stderr)
+    assert int(proc.stdout.split()[1]) >= 1, proc.stdout
