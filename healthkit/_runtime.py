@@ -137,12 +137,9 @@ def at_exit(phase: Literal["threads", "atexit"], name: str, fn: Callable[[], Non
         if _exit_hooked:
             return
         _exit_hooked = True
-    register = getattr(threading, "_register_atexit", None)
     try:
-        if register is None:  # pragma: no cover - CPython < 3.9
-            raise RuntimeError("no threading._register_atexit")
-        register(_threads_phase)
-    except RuntimeError:  # threading is shutting down already, or too old
+        threading._register_atexit(_threads_phase)  # type: ignore[attr-defined]
+    except RuntimeError:  # threading is shutting down already
         atexit.register(_threads_phase)
 
 

@@ -546,7 +546,6 @@ class Witness:
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.buf = b""
-        self.lines: list[tuple[signal.Signals, float]] = []
         #: (pid, start time) -> when the witness saw it end (its own clock), for the helpers
         #: it was told of
         self.deaths: dict[tuple[int, int], float] = {}

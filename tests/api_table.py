@@ -10,7 +10,6 @@ the convention.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -89,10 +88,8 @@ def cases(table: Table) -> list[Any]:
 def check(arg: str, case: Case, env: Any) -> HealthkitError:
     """Run one case: the typed error, raised by the call itself, naming the argument."""
     named = case.named or arg
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # deprecated names have rows too
-        with pytest.raises(case.error) as info:
-            case.call(env)
+    with pytest.raises(case.error) as info:
+        case.call(env)
     error = info.value
     assert isinstance(error, HealthkitError), f"{type(error).__name__}: {error}"
     assert named in str(error), (named, str(error))

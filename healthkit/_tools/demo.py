@@ -332,12 +332,7 @@ def _run_server_scenario(guarded: bool, hang_timeout: float, console: Console,
             console.line(f"  sampler-server died: {death}")
             return _watch_job(watches, died_at, hang_timeout, console, errs, logs)
         finally:
-            _stop_all(watches)
-            for w in watches:
-                w.close()
-            for p in ranks:
-                p.join(5)
-                _kill_group(p.pid)
+            _end_ranks(watches, ranks)
 
 
 def _run_stall_scenario(guarded: bool, hang_timeout: float, console: Console,
@@ -371,12 +366,17 @@ def _run_stall_scenario(guarded: bool, hang_timeout: float, console: Console,
         return _watch_job(watches, stalled_at.value, hang_timeout, console, errs, logs,
                           since="the helper stalled")
     finally:
-        _stop_all(watches)
-        for w in watches:
-            w.close()
-        for p in ranks:
-            p.join(5)
-            _kill_group(p.pid)
+        _end_ranks(watches, ranks)
+
+
+def _end_ranks(watches: list[ProcessWatch], ranks: list[Any]) -> None:
+    """Stop the demo's ranks, release their watches and end each rank's process group."""
+    _stop_all(watches)
+    for w in watches:
+        w.close()
+    for p in ranks:
+        p.join(5)
+        _kill_group(p.pid)
 
 
 def _kill_group(pgid: int | None) -> None:
