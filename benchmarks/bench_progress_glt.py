@@ -2,10 +2,11 @@
 ``stall_timeout``), side by side in one run.
 
 Two ``healthkit_glt.DistNeighborLoader`` s in one process, alive together (multiprocessing
-mode, two sampling workers each, the graph, seeds and options of ``glt_bench.py``'s
-end-to-end runs: 391 batches an epoch, a channel of one epoch's batches): the baseline
-without ``stall_timeout``, the other with ``stall_timeout=60`` (each worker beats a
-``healthkit.Heartbeat`` per batch sent; the loader's receive is bounded by the watch). After
+mode, ``--workers`` sampling workers each, 2 by default, the graph, seeds and options of
+``glt_bench.py``'s end-to-end runs: 391 batches an epoch, a channel of one epoch's
+batches): the baseline without ``stall_timeout``, the other with ``stall_timeout=60``
+(each worker beats a ``healthkit.Heartbeat`` per batch sent; the loader's receive is bounded
+by the watch). After
 one untimed epoch of each, ``ROUNDS`` rounds each run the epochs base, watched, watched,
 base (a consumer that drops each batch: the highest batch rate, where a per-batch cost shows
 most); only one loader samples at a time, so load from other processes hits both alike
@@ -24,7 +25,14 @@ beside it. A run saves what it has after every round (``"complete": false`` unti
 Usage (one run per GLT stack; results in ``benchmarks/results/progress-glt-<version>.json``,
 rendered into ``docs/benchmarks-progress.md`` with ``bench_progress.py``'s figures)::
 
-    .venv-glt/bin/python benchmarks/bench_progress_glt.py [--rounds 40]
+    .venv-glt/bin/python benchmarks/bench_progress_glt.py [--rounds 40] [--workers 2]
+    .venv-glt/bin/python benchmarks/bench_progress_glt.py --rounds 900 --workers 1
+
+One sampling worker per loader gives the highest batch rate on 2 CPUs (about 1.2 ms a batch
+against 3.3 ms with two: two workers and the consumer contend for the two cores), so a
+per-batch cost shows most, and the per-round spread is smaller (sd of the log ratio about 15 %
+against 22 % on an idle machine); the spread is the epochs' own, so resolving 1 % takes rounds
+by the hundred (a soak run, not the suite's).
     .venv-glt/bin/python benchmarks/bench_progress_glt.py --quick   # smoke, temporary dir
 """
 
@@ -54,7 +62,7 @@ STALL_TIMEOUT_S = 60.0
 LIMIT = 0.01
 SEED_REPEATS = 25  # as glt_bench.SEED_REPEATS: 391 batches an epoch
 RESULTS = ROOT / "benchmarks" / "results" / "progress-glt-{}.json"  # version-date-time
-COMMAND = "{python} benchmarks/bench_progress_glt.py --rounds {rounds}"
+COMMAND = "{python} benchmarks/bench_progress_glt.py --rounds {rounds} --workers {workers}"
 
 
 def _epoch(loader: Any) -> dict[str, float]:
@@ -65,9 +73,10 @@ def _epoch(loader: Any) -> dict[str, float]:
     return {"wall_s": time.perf_counter() - t, "cpu_s": tree_cpu_s() - c, "batches": n}
 
 
-def measure(rounds: int, save: Any) -> list[dict[str, Any]]:
-    """``rounds`` rounds of ``ORDER``; each epoch raw, with its round and the load average
-    (1 min) when its round began; ``save(epochs)`` after each round."""
+def measure(rounds: int, save: Any, workers: int = 2) -> list[dict[str, Any]]:
+    """``rounds`` rounds of ``ORDER`` with ``workers`` sampling workers per loader; each
+    epoch raw, with its round and the load average (1 min) when its round began;
+    ``save(epochs)`` after each round."""
     sys.path.insert(0, str(ROOT / "tests" / "glt"))
     import glt_fixtures as fx
     import healthkit_glt as hg
@@ -86,7 +95,7 @@ def measure(rounds: int, save: Any) -> list[dict[str, Any]]:
                 collect_features=True, to_device=torch.device("cpu"),
                 random_seed=fx.LOADER_SEED,
                 worker_options=fx.make_worker_options(
-                    channel_capacity=fx.one_epoch_capacity(len(seeds))),
+                    num_workers=workers, channel_capacity=fx.one_epoch_capacity(len(seeds))),
                 **extra,
             )  # fmt: skip
         for name in (BASE, WATCHED):
@@ -224,6 +233,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=2, help="sampling workers per loader")
     args = ap.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     python = "python" if args.quick else os.path.relpath(sys.executable, ROOT)
@@ -236,7 +246,7 @@ def main(argv: list[str]) -> int:
 
     def save(epochs: list[dict[str, Any]], complete: bool = False) -> dict[str, Any]:
         result: dict[str, Any] = {
-            "command": COMMAND.format(python=python, rounds=rounds)
+            "command": COMMAND.format(python=python, rounds=rounds, workers=args.workers)
             + (" --quick" if args.quick else ""),
             "quick": args.quick,
             "complete": complete,
@@ -244,6 +254,7 @@ def main(argv: list[str]) -> int:
             "software": f"torch {torch.__version__}, graphlearn-torch {hg.glt_version()}, "
             f"Python {platform.python_version()}, {os.cpu_count()} CPUs",
             "rounds": rounds,
+            "workers": args.workers,
             "declared": "geomean",
             "stall_timeout_s": STALL_TIMEOUT_S,
             "bootstrap": {"confidence": CONFIDENCE, "resamples": RESAMPLES, "seed": SEED},
@@ -253,7 +264,7 @@ def main(argv: list[str]) -> int:
         out.write_text(json.dumps(result, indent=1))
         return result
 
-    result = save(measure(rounds, save), complete=True)
+    result = save(measure(rounds, save, args.workers), complete=True)
     print("\n".join(section(result)))
     print(f"written to {out}")
     if not args.quick:
