@@ -7,7 +7,7 @@ multiprocessing's teardown of daemon children; :mod:`healthkit._runtime` owns th
 (and the fork hook that leaves a forked child's inherited watchdogs inert). Installed lazily
 on the first ``arm()``.
 
-Stops are not failures: :mod:`healthkit._stopsignals` records when this process is asked to
+Stops are not failures: :mod:`healthkit._watch.stopsignals` records when this process is asked to
 stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
 :class:`healthkit._judge.Judge`) judges each death against the stop episode under way.
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-from healthkit import _jobnotice, _runtime, _stopsignals
+from healthkit import _jobnotice, _runtime
 from healthkit._actions import (
     Action,
     FailureEvent,
@@ -44,7 +44,7 @@ from healthkit._decide import (
     check_on_clean_exit,
     decide,
 )
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
+from healthkit._diagnose.diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
 from healthkit._errors import (
     InterpreterShutdownError,
     InvalidArgumentError,
@@ -57,8 +57,9 @@ from healthkit._errors import (
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
 from healthkit._sidecar import SidecarLink
-from healthkit._stop import stopped_by_healthkit
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.stop import stopped_by_healthkit
 
 __all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog", "note_stop_survived"]
 

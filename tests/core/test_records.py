@@ -20,7 +20,7 @@ import pytest
 from helpers import HERE, PYTHON
 
 import healthkit as hk
-from healthkit._records import read_record, record_name, write_record
+from healthkit._diagnose.records import read_record, record_name, write_record
 from healthkit.actions import FailureEvent, write_torchelastic_error_file
 
 
