@@ -24,6 +24,7 @@ No GiGL import: the backend below stands for any producer of that shape.
     .venv-glt/bin/python examples/glt_custom_producer.py          # 2 channels x 2 epochs
     .venv-glt/bin/python examples/glt_custom_producer.py --kill   # SIGKILL a worker mid-epoch
     .venv-glt/bin/python examples/glt_custom_producer.py --hang   # a worker stuck at bring-up
+    .venv-glt/bin/python examples/glt_custom_producer.py --hang=60  # the same, a 60 s bound
 
 (``.venv-glt28/bin/python`` runs it on graphlearn-torch built from source with torch 2.8.)
 """
@@ -54,7 +55,8 @@ NUM_CHANNELS = 2
 BATCHES_PER_EPOCH = 20
 # Bring-up takes about 2 s here, over 10 s on a loaded machine: a bound of several times the
 # slowest healthy bring-up. The --hang demo uses a shorter one, so that it ends sooner (25 s:
-# its workers must have started, which took over 15 s on a loaded 2-core machine).
+# its workers must have started, which took over 15 s on a loaded 2-core machine; when the
+# stack shows start-up rather than ``load_shard_forever``, give ``--hang=SECONDS`` more).
 BRING_UP_BOUND_S = 60.0
 HANG_DEMO_BOUND_S = 25.0
 
@@ -95,7 +97,7 @@ def load_shard_forever() -> None:
 class Backend:
     """The shared backend: ``NUM_WORKERS`` processes serving ``NUM_CHANNELS`` channels."""
 
-    def __init__(self, *, hang: bool = False) -> None:
+    def __init__(self, *, hang: bool = False, bound: float | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         # Before any worker exists: the OOM evidence (cgroup counter, kernel log) of a
         # worker's death is then read against a baseline from before it.
@@ -105,7 +107,8 @@ class Backend:
         self.sent = [ctx.Value("i", 0) for _ in range(NUM_CHANNELS)]
         self.tasks = ctx.Queue()
         barrier = healthkit.BoundedBarrier(
-            NUM_WORKERS, timeout=HANG_DEMO_BOUND_S if hang else BRING_UP_BOUND_S, ctx=ctx,
+            NUM_WORKERS, timeout=bound or (HANG_DEMO_BOUND_S if hang else BRING_UP_BOUND_S),
+            ctx=ctx,
             name="backend bring-up",
             worker_label="backend worker",
         )  # fmt: skip
@@ -183,7 +186,8 @@ def fetch_epoch(backend: Backend, channel: int, on_batch: Any = None) -> int:
 def main() -> int:
     started = time.monotonic()
     try:
-        backend = Backend(hang="--hang" in sys.argv)
+        hang = [a.partition("=")[2] for a in sys.argv if a.partition("=")[0] == "--hang"]
+        backend = Backend(hang=bool(hang), bound=float(hang[0]) if hang and hang[0] else None)
     except healthkit.BarrierBrokenError as e:
         print(f"backend failed to start after {time.monotonic() - started:.1f}s: {e}",
               file=sys.stderr)  # fmt: skip

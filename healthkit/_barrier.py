@@ -1,16 +1,22 @@
 """BoundedBarrier: a parent + N workers rendezvous that always ends, fails at the first death,
 and says where every party is.
 
-Why not ``Barrier.wait(timeout)``: a party SIGKILLed while holding the barrier's internal
-lock (or while counted as a sleeper of its condition) wedges every later ``wait`` and
-``abort`` *before* their timeout starts counting. So no barrier call here ever runs on the
-caller's thread: the parent's own ``wait()`` runs in a daemon thread that reports through a
-pipe, and the caller blocks on that pipe, the workers' pidfds and the deadline at once.
+Why not ``multiprocessing.Barrier``: its parties share one lock (and a condition whose
+counters every sleeper updates). A party SIGKILLed while holding that lock (an OOM kill can
+land there) wedges every later ``wait``, ``abort`` and even a woken sleeper *forever*: the
+timeout only counts once the lock is taken. A parent thread that ever takes it can leak,
+blocked, for the life of the process. So this barrier has no lock a worker can hold: a
+worker announces its arrival by posting a counting semaphore and waits for its own token of
+a second one; only the parent counts arrivals, decides the outcome (written to shared memory
+before any token is posted) and posts the tokens. A post never blocks, and a dead worker
+can at most have posted its arrival (it did arrive) or taken its own token. No barrier wait
+runs on the caller's thread either: each side waits in a daemon thread that the caller races
+against the other processes' pidfds and the deadline, and the parent's thread is woken by
+the parent itself when it gives up.
 """
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import shutil
@@ -44,6 +50,7 @@ __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "Party
 
 PartyState = Literal["arrived", "dead", "not arrived"]
 _ARRIVED, _PASSED = 1, 2  # per-worker flags in shared memory, written by the worker
+_OPEN, _DONE, _BROKEN = 0, 1, 2  # the rendezvous' outcome in shared memory, parent-written
 _WORKER_MARGIN_S = 30.0  # a worker waits this much past the bound, so the parent reports first
 
 
@@ -222,7 +229,11 @@ class BoundedBarrier:
         #: What to change when the bound is too short for a healthy start-up (e.g. "raise
         #: $MY_RPC_INIT_TIMEOUT_SECONDS: this bound is 3 x it"); said once, in the advice.
         self.hint = hint
-        self._barrier: Any = ctx.Barrier(parties + 1)
+        # The rendezvous (see the module's docstring): no lock is shared with a worker.
+        self._state: Any = ctx.RawValue("b", _OPEN)
+        self._arrivals: Any = ctx.Semaphore(0)  # one post per arriving worker
+        self._release: Any = ctx.Semaphore(0)  # one token per worker, posted by the parent
+        self._deciding: threading.Lock | None = threading.Lock()  # the parent's own threads
         self._arrived = ctx.RawArray("b", max(parties, 1))
         self._stack_dir = tempfile.mkdtemp(prefix="healthkit-stacks-")
         self._parent_pid = os.getpid()
@@ -237,12 +248,8 @@ class BoundedBarrier:
         state = self.__dict__.copy()
         state["_owner"] = False
         state["_diagnoser"] = None  # parent-only (holds the kernel-log fd)
+        state["_deciding"] = None  # parent-only
         return state
-
-    @property
-    def barrier(self) -> Any:
-        """The wrapped ``multiprocessing`` barrier (``parties + 1`` parties)."""
-        return self._barrier
 
     # ------------------------------------------------------------------ worker side
     def enable_stack_dumps(self) -> None:
@@ -268,8 +275,9 @@ class BoundedBarrier:
             raise InvalidArgumentError(f"rank must be in [0, {self.parties}), got {rank}", "rank")
         bound = check_timeout(timeout, "timeout")
         bound = self.timeout + _WORKER_MARGIN_S if bound is None else bound
-        self._arrived[rank] = _ARRIVED
         start = time.monotonic()
+        self._arrived[rank] = _ARRIVED  # before the post: a death after it may have arrived
+        self._arrivals.release()
         watches: list[ProcessWatch] = []
         if self._parent_pid != os.getpid():  # else the parent is this process: alive
             try:
@@ -281,22 +289,34 @@ class BoundedBarrier:
                 parent.close()  # the pid now names another process
                 raise self._worker_error(rank, "its parent is gone", start)
             watches.append(parent)
+        deadline = start + bound
+
+        def released() -> None:
+            # Bounded by the deadline: a parent that died never posts, and this thread
+            # then ends at the bound instead of outliving it.
+            if not self._release.acquire(True, max(deadline - time.monotonic(), 0.0)):
+                raise TimeoutError
+
         try:
-            outcome, _ = _race(
-                self._barrier.wait, watches, start + bound, f"{self.name} (worker {rank})"
-            )
+            outcome, _ = _race(released, watches, deadline, f"{self.name} (worker {rank})")
         finally:
             for watch in watches:
                 watch.close()
-        if outcome.kind == "passed":
+        if outcome.kind == "passed" and self._state.value == _DONE:
             self._arrived[rank] = _PASSED
             return
+        if outcome.kind == "passed":
+            kind = "broken"  # a token with no pass: the parent gave up
+        elif outcome.kind == "broken":
+            kind = "deadline"  # our own wait ran out (its only error) as the bound passed
+        else:
+            kind = outcome.kind
         reason = {
             "broken": "the barrier was broken (the parent gave up: another party died or "
             "the bound passed)",
             "died": "its parent died",
             "deadline": f"it waited {bound:g}s without the others arriving",
-        }[outcome.kind]
+        }[kind]
         raise self._worker_error(rank, reason, start)
 
     def _worker_error(self, rank: int, reason: str, start: float) -> BarrierBrokenError:
@@ -340,6 +360,11 @@ class BoundedBarrier:
             raise InvalidArgumentError(
                 f"expected {self.parties} workers, got {len(workers)}", "workers"
             )
+        if self._state.value != _OPEN:
+            raise UsageError(
+                "BoundedBarrier.wait() was called again: a BoundedBarrier is one rendezvous; "
+                "make a new one for another"
+            )
         start = time.monotonic()
         owned = [not isinstance(w, ProcessWatch) for w in workers]
         watches = [
@@ -348,27 +373,36 @@ class BoundedBarrier:
         ]
         self._ranks = {id(w): i for i, w in enumerate(watches)}
         try:
-            outcome, party_thread = _race(
-                self._barrier.wait,
-                watches,
-                start + self.timeout,
-                f"{self.name} (parent)",
-                settle=self._settle,
-            )
-            if outcome.kind == "passed":
+            try:
+                outcome, party_thread = _race(
+                    self._gather,
+                    watches,
+                    start + self.timeout,
+                    f"{self.name} (parent)",
+                    settle=self._settle,
+                )
+            except BaseException:
+                self._decide(_BROKEN)  # interrupted (Ctrl-C): end our thread, free the workers
+                raise
+            # Giving up is decided first (our thread may count the last arrival meanwhile:
+            # then the rendezvous passed after all), but the workers are told only after
+            # the diagnosis: released, they leave, and would all be reported dead.
+            if outcome.kind == "passed" or not self._decide(_BROKEN, release=False):
                 party_thread.join()
                 return
             elapsed = time.monotonic() - start
-            error = self._diagnose(
-                outcome, watches, elapsed, diagnoser or self._diagnoser or ExitDiagnoser()
-            )
-            # Under a launcher, the rest of the job learns why this rank stops (a no-op
-            # unless a watchdog armed here started the job's notice).
-            _jobnotice.publish_error(self.name, error)
-            abort_thread = self._break_for_survivors()
+            try:
+                error = self._diagnose(
+                    outcome, watches, elapsed, diagnoser or self._diagnoser or ExitDiagnoser()
+                )
+                # Under a launcher, the rest of the job learns why this rank stops (a no-op
+                # unless a watchdog armed here started the job's notice).
+                _jobnotice.publish_error(self.name, error)
+            finally:
+                self._post(self._release)  # waiting workers get BarrierBrokenError
             if on_failure is not None:
                 on_failure(error)
-            self._unstick([party_thread, abort_thread], watches)
+            party_thread.join(1.0)  # woken by _decide: it ends at once
             try:
                 raise error
             finally:
@@ -377,6 +411,49 @@ class BoundedBarrier:
             for watch, own in zip(watches, owned, strict=True):
                 if own:
                     watch.close()
+
+    def _gather(self) -> None:
+        """The parent's party: count every worker's arrival, then let them all through.
+
+        Blocks only on the arrivals semaphore, which the parent itself posts when it gives
+        up (so this thread always ends) and which no worker can hold.
+        """
+        for _ in range(self.parties):
+            self._arrivals.acquire()
+            if self._state.value == _BROKEN:
+                raise BarrierBrokenError(
+                    f"{self.name}: the parent gave up", barrier_name=self.name, elapsed=0.0,
+                    bound=self.timeout,
+                )  # fmt: skip
+        if not self._decide(_DONE):
+            raise BarrierBrokenError(
+                f"{self.name}: the parent gave up", barrier_name=self.name, elapsed=0.0,
+                bound=self.timeout,
+            )  # fmt: skip
+
+    def _decide(self, outcome: int, *, release: bool = True) -> bool:
+        """Write the outcome once; False if the other one was written first.
+
+        Only the parent's two threads decide, under a lock of this process alone. Passing
+        posts each worker's token at once; giving up wakes our gathering thread (which may
+        be waiting for arrivals that will never come) and leaves the workers' tokens to
+        the caller, who posts them after the diagnosis.
+        """
+        assert self._deciding is not None  # the parent's barrier
+        with self._deciding:
+            if self._state.value != _OPEN:
+                return bool(self._state.value == outcome)
+            self._state.value = outcome  # before any token: a woken party reads it
+            if outcome == _BROKEN:
+                self._post(self._arrivals)
+            if release:
+                self._post(self._release)
+            return True
+
+    def _post(self, semaphore: Any) -> None:
+        """One token per worker: each blocked waiter (at most one per worker) wakes."""
+        for _ in range(self.parties):
+            semaphore.release()  # sem_post: never blocks, whatever a dead party left
 
     def _settle(self, watch: ProcessWatch) -> float:
         """How long a worker's death may still precede the barrier passing (see _race)."""
@@ -483,41 +560,3 @@ class BoundedBarrier:
             no_stack = "(no stack: it had not called enable_stack_dumps() yet, or did not answer)"
             lines.append((p.stack or no_stack).rstrip())
         return "\n".join(lines)
-
-    def _break_for_survivors(self) -> threading.Thread:
-        """``abort()`` the barrier so workers still waiting get BrokenBarrierError.
-
-        Runs in a daemon thread bounded by ``abort_grace``: a dead party can leave the
-        barrier's lock or its condition's counters such that ``abort()`` blocks too.
-        """
-        t = threading.Thread(target=self._abort_quietly, name=f"{self.name} (abort)", daemon=True)
-        t.start()
-        t.join(self.abort_grace)
-        return t
-
-    def _abort_quietly(self) -> None:
-        try:
-            self._barrier.abort()
-        except Exception:
-            pass
-
-    def _unstick(self, threads: list[threading.Thread], watches: Sequence[ProcessWatch]) -> None:
-        """Free our own threads still blocked on a barrier that a dead party wedged.
-
-        Only once every worker is gone (normally after the teardown hook): with nobody
-        else using the barrier, posting its semaphores cannot hurt anyone, and it lets our
-        blocked threads finish instead of leaking. The barrier is unusable afterwards.
-        """
-        threads = [t for t in threads if t.is_alive()]
-        if not threads or any(w.poll() is None for w in watches):
-            return
-        cond = self._barrier._cond
-        sems = [cond._lock, cond._woken_count, cond._wait_semaphore]
-        libc = ctypes.CDLL(None, use_errno=True)
-        deadline = time.monotonic() + 10.0
-        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            for sem in sems:  # whatever each thread is blocked on, let it through
-                libc.sem_post(ctypes.c_void_p(sem._semlock.handle))
-            for t in threads:
-                t.join(0.02)
-

@@ -69,15 +69,30 @@ def test_demo_worker_crash_at_init_names_the_segfault() -> None:
     )
 
 
-@pytest.mark.timeout(240)
-def test_demo_worker_hang_at_init_shows_where_it_hangs() -> None:
-    proc = run_cli("demo", "--scenario", "worker-hang-at-init", "--hang-timeout", "4")
-    assert proc.returncode == 0, proc.stderr
-    without, with_ = proc.stdout.split("[2/2] with healthkit")
-    assert "STILL HUNG after 4 s" in without
-    assert re.search(r"sampling init barrier timed out after 6\.\d\ds \(bound 6s\)", with_)
-    assert re.search(r'File ".*_tools/demo.py", line \d+ in connect_to_feature_store', with_)
-    assert "raise $SAMPLING_RPC_INIT_TIMEOUT_SECONDS (this bound is 3 x it)" in with_
+@pytest.mark.timeout(420)
+def test_demo_worker_hang_at_init_shows_where_it_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack must show where worker 1 hangs. The demo's 6 s bound (3 x its knob's 2 s) is
+    several times a spawned worker's start-up, but under heavy load it expired while the
+    worker was still starting: its stack then shows start-up, not the hang, and the run
+    tests nothing about the stack. That run is repeated once with a 5x bound (the knob at
+    10 s), rather than every run paying the larger one. The demo writes no marker, so a
+    first run without the frame counts as not reached; a dump that never shows it still
+    fails, on the second run."""
+    for knob in (2, 10):
+        monkeypatch.setenv("SAMPLING_RPC_INIT_TIMEOUT_SECONDS", str(knob))
+        proc = run_cli("demo", "--scenario", "worker-hang-at-init", "--hang-timeout", "4")
+        assert proc.returncode == 0, proc.stderr
+        without, with_ = proc.stdout.split("[2/2] with healthkit")
+        assert "STILL HUNG after 4 s" in without
+        bound = 3 * knob
+        assert re.search(
+            rf"sampling init barrier timed out after {bound}\.\d\ds \(bound {bound}s\)", with_
+        ), with_
+        assert "--- stack of sampling worker 1 (pid" in with_
+        assert "raise $SAMPLING_RPC_INIT_TIMEOUT_SECONDS (this bound is 3 x it)" in with_
+        if "in connect_to_feature_store" in with_:
+            break
+    assert re.search(r'File ".*_tools/demo.py", line \d+ in connect_to_feature_store', with_), with_
 
 
 def test_demo_rejects_a_bad_hang_timeout() -> None:

@@ -37,8 +37,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # --- pluggable pieces used by the scenarios (run inside the spawned workers) --------------
 
 
+MARKERS_ENV = "HK_TEST_MARKERS"  # where a hang says when it was reached (CLOCK_MONOTONIC)
+
+
 def hang_in_sampler_factory(**kwargs: Any) -> Any:
-    """A sampler factory stuck forever (the stack dump must name this function)."""
+    """A sampler factory stuck forever (the stack dump must name this function). It first
+    writes when it got here: a bound that expired before then tested no stack."""
+    markers = os.environ.get(MARKERS_ENV)
+    if markers:
+        with open(os.path.join(markers, f"reached-{os.getpid()}"), "w") as f:
+            f.write(repr(time.monotonic()))
     while True:
         time.sleep(3600)
 
@@ -229,18 +237,35 @@ def scenario_hk_shutdown_mid_epoch(grace: float = 0.5) -> None:
     del held
 
 
+def _reached_before(markers: str, pid: int | None, moment: float) -> bool:
+    """Whether process ``pid`` wrote its "reached the hang" marker before ``moment``."""
+    try:
+        with open(os.path.join(markers, f"reached-{pid}")) as f:
+            return float(f.read()) < moment
+    except (OSError, ValueError):
+        return False
+
+
 def _init_failure(loop_name: str, **kwargs: Any) -> None:
+    import shutil
+    import tempfile
+
     import healthkit as hk
 
     fx.init_single_process_context()
     dataset = fx.build_dataset()
+    markers = os.environ[MARKERS_ENV] = tempfile.mkdtemp(prefix="hk-markers-")
     t0 = time.monotonic()
     try:
         _hk_loader(dataset, worker_loop=globals()[loop_name], **kwargs)
     except hk.BarrierBrokenError as e:
         now = time.time()
         raised = [float(x) for x in re.findall(r"injected by the test at t=([0-9.]+)", str(e))]
+        # The stuck workers that were in their hang when their stacks were dumped: that
+        # came after the barrier measured ``elapsed`` from its start (later than t0).
+        reached = [p.rank for p in e.not_arrived if _reached_before(markers, p.pid, t0 + e.elapsed)]
         _result(outcome="raised", elapsed_s=time.monotonic() - t0, exit_codes=e.exit_codes,
+                hang_reached=reached,
                 causes=[p.diagnosis.cause.name for p in e.dead if p.diagnosis],
                 not_arrived=[p.rank for p in e.not_arrived],
                 after_raise_s=now - raised[0] if raised else None,
@@ -248,6 +273,8 @@ def _init_failure(loop_name: str, **kwargs: Any) -> None:
                 segments_left=procs.sysv_shm_created_by([os.getpid()]),
                 children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
         return
+    finally:
+        shutil.rmtree(markers, ignore_errors=True)
     _result(outcome="built")
 
 

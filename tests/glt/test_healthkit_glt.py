@@ -723,20 +723,29 @@ def test_worker_raising_during_init_fails_the_loader_with_its_exit_code_and_trac
     assert "Exception ignored" not in run.output
 
 
-@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.timeout(2 * SUBPROCESS_TIMEOUT_S)
 def test_worker_hanging_during_init_fails_at_the_bound_with_the_hanging_stack() -> None:
-    # A 15 s bound: several times a worker's start-up under load, so worker 0 arrives.
-    run = sc.run_scenario("hk-init-hang", ["15", "1"], timeout=150)
-    r = run.result
-    assert run.returncode == 0, run.output
-    assert r["outcome"] == "raised" and r["type"] == "BarrierTimeoutError"
-    assert "TimeoutError" in r["mro"]
-    assert 15.0 <= r["elapsed_s"] < 45.0
-    assert r["exit_codes"] == {} and 1 in r["not_arrived"]
+    """The stack must show where the worker hangs. A 15 s bound is several times a worker's
+    start-up, but under heavy load the spawned workers were still in ``spawn_main`` when it
+    expired: such a run tests nothing about the stack (the hang writes a marker when it is
+    reached, and the scenario says whether that was before the stacks were dumped), so it
+    is repeated once with a 3x bound, rather than every run paying the larger one."""
+    for bound in (15, 45):
+        run = sc.run_scenario("hk-init-hang", [str(bound), "1"], timeout=bound + 135)
+        r = run.result
+        assert run.returncode == 0, run.output
+        assert r["outcome"] == "raised" and r["type"] == "BarrierTimeoutError"
+        assert "TimeoutError" in r["mro"]
+        assert bound <= r["elapsed_s"] < bound + 30
+        assert r["exit_codes"] == {} and 1 in r["not_arrived"]
+        assert f"(bound {bound}s)" in r["message"] and "1 x" in r["message"]
+        assert r["children_left"] == []
+        assert run.survivors == [] and run.leaked_segments == []
+        if 1 in r["hang_reached"]:
+            break
+    else:
+        pytest.fail(f"worker 1 had not reached its hang when a {bound}s bound expired")
     assert "hang_in_sampler_factory" in r["message"]
-    assert "(bound 15s)" in r["message"] and "1 x" in r["message"]
-    assert r["children_left"] == []
-    assert run.survivors == [] and run.leaked_segments == []
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)

@@ -448,8 +448,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             name="GLT sampling worker init barrier",
             worker_label="sampling worker",
             # A worker that arrived and then died is reported after this grace (it might
-            # have passed just before dying), and the barrier's abort is joined this long:
-            # the 1 s default made a post-barrier death take 2 s to report.
+            # have passed just before dying): the 1 s default would delay that report.
             abort_grace=INIT_ABORT_GRACE_S,
         )
         self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
