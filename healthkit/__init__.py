@@ -34,13 +34,12 @@ from healthkit._errors import (
 from healthkit._progress import Heartbeat, ProgressWatch
 from healthkit._records import HelperException, record_exception
 from healthkit._shared import publish as _publish
-from healthkit._sidecar import SidecarError
 from healthkit._stacks import dump_helper_stacks
 from healthkit._stop import StopReport, stop
 from healthkit._userdir import record_dir
 from healthkit._version import __version__ as __version__
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
-from healthkit._watchdog import DisarmableWatchdog
+from healthkit._watchdog import DisarmableWatchdog, SidecarError
 
 __all__ = [
     "BarrierBrokenError",

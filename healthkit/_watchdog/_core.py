@@ -56,9 +56,9 @@ from healthkit._errors import (
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
-from healthkit._sidecar import SidecarLink
 from healthkit._stop import stopped_by_healthkit
 from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watchdog._sidecar_link import SidecarLink
 
 __all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog", "note_stop_survived"]
 
