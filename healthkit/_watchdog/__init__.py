@@ -4,7 +4,14 @@
 module                      what it holds
 ==========================  ====================================================================
 ``_core``                   ``DisarmableWatchdog``: the watched records, ``arm()``/``disarm()``,
-                            the watcher thread's loop, the actions, the exit and fork hooks
+                            the watcher thread's loop, the actions, the exit and fork hooks;
+                            ``mode=`` picks the host once (``HOSTS``)
+``_host``                   ``Host``: what a host does with a death, a stop survived, progress,
+                            another rank's failure, shutdown and its own loss
+``_thread_host``            ``mode="thread"``: judge in the watcher thread, run the owner's
+                            actions; the stop-signal and job witnesses beside the owner
+``_sidecar_host``           ``mode="sidecar"``: a sidecar judges; the owner tells it what it
+                            learns; a thread host takes over if it dies
 ``_protocol``               every message and channel between an owner and its sidecar, and
                             the command line that starts the sidecar
 ``_sidecar_link``           the owner's end of a sidecar (``SidecarLink``)

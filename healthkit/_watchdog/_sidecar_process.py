@@ -123,9 +123,9 @@ class _Sidecar:
         self.peek = socket.socket(fileno=peek_fd) if peek_fd is not None else None
         self.reader = LineReader()
         self.done = False  # disarmed, end-of-file or owner gone
-        self.owner_status: dict[int, ExitStatus] = {}
         self.records: dict[int, Watched] = {}  # id(record) -> record
         self.by_watch: dict[int, Watched] = {}  # id(watch) -> record
+        self.by_pid: dict[int, Watched] = {}  # pid -> its latest record (the owner's word)
         self.seen: list[Watched] = []  # deaths seen, not yet judged
         self.stop_history: list[Signal] = []  # the owner's stop signals, as it reported them
         self.survived: list[float] = []  # when the owner said it carries on after a stop
@@ -254,7 +254,9 @@ class _Sidecar:
         elif isinstance(msg, Stopped):
             self.stopped.add((msg.pid, msg.start_time))
         elif isinstance(msg, Status):
-            self.owner_status[msg.pid] = ExitStatus(msg.returncode, msg.source)
+            told = self.by_pid.get(msg.pid)
+            if told is not None:  # the owner watches only what it told us to watch
+                told.told = ExitStatus(msg.returncode, msg.source)
         elif isinstance(msg, Expect):
             pass  # on_control wakes the loop, which looks at the untimed pages
         elif isinstance(msg, Progress):
@@ -275,8 +277,9 @@ class _Sidecar:
             start_time=msg.start_time,
         )
         self.records[id(record)] = record
+        self.by_pid[record.pid] = record
         if msg.ended:
-            record.status = ExitStatus(msg.returncode, "owner")
+            record.told = ExitStatus(msg.returncode, "owner")
             return record
         try:
             watch = ProcessWatch(record.pid, name=record.name)
@@ -405,22 +408,21 @@ class _Sidecar:
 
     # ---- judging
     def status_of(self, record: Watched) -> ExitStatus:
-        status = record.status
+        """How ``record``'s process ended: read from its zombie if this process can, else
+        the owner's word (kept in :attr:`Watched.told`; :attr:`Watched.status` weighs the
+        two)."""
         if record.watch is not None:
-            status = record.watch.poll()
+            record.watch.poll()
             self.waits.remove(record.watch)
+        status = record.status
         if status is None or (status.returncode is None and status.source != UNKNOWN_NOT_PERMITTED):
             # The owner reaped it before we could read the zombie: its watcher thread
             # tells us what it learned (unless its GIL is held, and then it cannot reap).
-            pid = record.pid
-            self.pump(lambda: pid in self.owner_status, OWNER_STATUS_WAIT_S)
-            told = self.owner_status.get(pid)
-            if told is not None and (
-                told.returncode is not None or status is None or told.source != "unknown"
-            ):
-                status = told  # the owner knows better (the code, or why it is unknown)
-            elif status is None:
-                status = ExitStatus(None, "unknown: gone before the sidecar could read it")
+            self.pump(lambda: record.told is not None, OWNER_STATUS_WAIT_S)
+            status = record.status
+            if status is None:
+                record.told = ExitStatus(None, "unknown: gone before the sidecar could read it")
+                status = record.told
         return status
 
     def on_death(self, record: Watched) -> None:
