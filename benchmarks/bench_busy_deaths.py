@@ -23,7 +23,7 @@ p99 over the same row's SIGKILL p99.
 
 ``python benchmarks/bench_busy_deaths.py --reads [N]``: one ``/proc/<pid>/stat`` read from a
 second thread while the main thread spins, through Python's ``open()`` and through
-``healthkit._proc.read_small`` (libc, the GIL kept), interleaved, N of each.
+``healthkit._os.proc.read_small`` (libc, the GIL kept), interleaved, N of each.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def reads(n: int) -> int:
-    from healthkit._proc import read_small
+    from healthkit._os.proc import read_small
 
     me = os.getpid()
 

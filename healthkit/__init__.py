@@ -18,7 +18,9 @@ from healthkit._barrier import (
     BoundedBarrier,
     PartyReport,
 )
-from healthkit._diagnosis import Cause, Diagnosis, ExitDiagnoser
+from healthkit._diagnose.diagnosis import Cause, Diagnosis, ExitDiagnoser
+from healthkit._diagnose.records import HelperException, record_exception
+from healthkit._diagnose.stacks import dump_helper_stacks
 from healthkit._errors import (
     HealthkitError,
     InterpreterShutdownError,
@@ -31,14 +33,12 @@ from healthkit._errors import (
     UsageError,
     WatchClosedError,
 )
+from healthkit._os.userdir import record_dir
 from healthkit._progress import Heartbeat, ProgressWatch
-from healthkit._records import HelperException, record_exception
 from healthkit._shared import publish as _publish
-from healthkit._stacks import dump_helper_stacks
-from healthkit._stop import StopReport, stop
-from healthkit._userdir import record_dir
 from healthkit._version import __version__ as __version__
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.stop import StopReport, stop
 from healthkit._watchdog import DisarmableWatchdog, SidecarError
 
 __all__ = [
@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 # Each exported object reports the module users import (healthkit.ProcessWatch, not
-# healthkit._watch.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
+# healthkit._watch.process.ProcessWatch): in reprs, tracebacks, recorded outputs and pickles.
 for _module in (actions, lowlevel, _sys.modules[__name__]):
     _publish(_module.__name__, (getattr(_module, _name) for _name in _module.__all__))
 del _module

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import attrs
 
 from healthkit import _jobnotice
-from healthkit._diagnosis import Cause, Diagnosis
+from healthkit._diagnose.diagnosis import Cause, Diagnosis
 from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -33,8 +33,8 @@ from healthkit._errors import (
     check_pid,
     check_str,
 )
-from healthkit._safefile import UnsafePathError, write_file
-from healthkit._stopsignals import STOP_SIGNALS, witness_pid
+from healthkit._os.safefile import UnsafePathError, write_file
+from healthkit._watch.stopsignals import STOP_SIGNALS, witness_pid
 
 __all__ = [
     "Action",
@@ -261,7 +261,7 @@ class write_torchelastic_error_file:
 
     Written atomically (temp file + rename) so torchrun never reads half a file. ``path``
     overrides the environment variable. The path comes from the environment and this often
-    runs as root, so it is resolved by :mod:`healthkit._safefile`, one directory at a time
+    runs as root, so it is resolved by :mod:`healthkit._os.safefile`, one directory at a time
     without following a symlink another user could have planted at any component, and the
     write refuses (logs a warning, writes nothing) rather than replace something it must not:
     a target that exists and is not a regular file (a FIFO, a device node, a directory) or is
@@ -327,7 +327,7 @@ class exit_process:
 
 def terminate_helper_tree() -> None:
     """SIGTERM every process below this one, through pidfds; never blocks."""
-    from healthkit._stop import watch_tree
+    from healthkit._watch.stop import watch_tree
 
     witness = witness_pid()  # ends by itself with this process
     try:

@@ -25,7 +25,8 @@ from typing import Any, Literal
 import attrs
 
 from healthkit import _jobnotice
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._diagnose.diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._diagnose.stacks import dump_stacks, enable_stack_dumps
 from healthkit._errors import (
     HealthkitError,
     InvalidArgumentError,
@@ -36,9 +37,8 @@ from healthkit._errors import (
     check_callable,
     check_timeout,
 )
-from healthkit._proc import read_proc_stat
-from healthkit._stacks import dump_stacks, enable_stack_dumps
-from healthkit._watch import ProcessWatch, WatchSet
+from healthkit._os.proc import read_proc_stat
+from healthkit._watch.process import ProcessWatch, WatchSet
 
 __all__ = ["BarrierBrokenError", "BarrierTimeoutError", "BoundedBarrier", "PartyReport"]
 

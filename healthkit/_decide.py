@@ -27,8 +27,8 @@ from healthkit._errors import (
     check_bool,
     check_seconds,
 )
-from healthkit._stopsignals import STOP_SIGNALS, StopEpisode
-from healthkit._watch import ExitStatus
+from healthkit._watch.process import ExitStatus
+from healthkit._watch.stopsignals import STOP_SIGNALS, StopEpisode
 
 __all__ = [
     "DEFAULT_STOP_GRACE_S",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from healthkit._diagnosis import Diagnosis
+    from healthkit._diagnose.diagnosis import Diagnosis
 
 #: The longest timeout or interval healthkit accepts, in seconds (about 24.8 days).
 #: ``poll()``/``epoll_wait()`` take a signed 32-bit count of milliseconds; a longer wait

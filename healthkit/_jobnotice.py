@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from healthkit import _runtime
-from healthkit._diagnosis import Cause, Diagnosis
+from healthkit._diagnose.diagnosis import Cause, Diagnosis
 from healthkit._errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [

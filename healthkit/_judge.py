@@ -19,10 +19,15 @@ from collections.abc import Callable
 import attrs
 
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, stop_like
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser, returned_early, with_exception_record
-from healthkit._proc import read_proc_stat
-from healthkit._stopsignals import HANDLER_CONFIRM_S, StopEpisode
-from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
+from healthkit._diagnose.diagnosis import (
+    Diagnosis,
+    ExitDiagnoser,
+    returned_early,
+    with_exception_record,
+)
+from healthkit._os.proc import read_proc_stat
+from healthkit._watch.process import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
+from healthkit._watch.stopsignals import HANDLER_CONFIRM_S, StopEpisode
 
 __all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
 

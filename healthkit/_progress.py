@@ -62,7 +62,7 @@ import attrs
 
 from healthkit import _runtime
 from healthkit._decide import Decision, Verdict, decide_stall
-from healthkit._diagnosis import Cause, Diagnosis
+from healthkit._diagnose.diagnosis import Cause, Diagnosis
 from healthkit._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -71,8 +71,8 @@ from healthkit._errors import (
     check_str,
     check_timeout,
 )
-from healthkit._proc import TaskWait, read_proc_stat, read_task_wait
-from healthkit._stopsignals import StopEpisode
+from healthkit._os.proc import TaskWait, read_proc_stat, read_task_wait
+from healthkit._watch.stopsignals import StopEpisode
 
 __all__ = ["Heartbeat", "ProgressWatch", "Tracker", "stall_diagnosis"]
 
@@ -163,8 +163,8 @@ class Heartbeat:
         if ready:
             self.ready()
         if stacks:
-            from healthkit._stacks import enable_quiet_stack_dumps
-            from healthkit._userdir import record_dir
+            from healthkit._diagnose.stacks import enable_quiet_stack_dumps
+            from healthkit._os.userdir import record_dir
 
             enable_quiet_stack_dumps(record_dir())
 
@@ -713,7 +713,7 @@ def stall_diagnosis(
         if stat is None or stat.start_time != helper[1] or stat.state in ("Z", "X"):  # type: ignore[index]
             likely = "the helper that attached is gone (see its death, if watched)"
         else:
-            from healthkit._stacks import DUMPER_COMM
+            from healthkit._diagnose.stacks import DUMPER_COMM
 
             tasks = [t for t in read_task_wait(pid) or [] if t.comm != DUMPER_COMM]
             facts.extend(_describe_threads(tasks))
@@ -722,8 +722,8 @@ def stall_diagnosis(
                 likely = f"it is alive and blocked: state {main.state}" + (
                     f" in {main.syscall}" if main.syscall and main.syscall != "running" else ""
                 ) + (f" (wchan {main.wchan})" if main.wchan and main.wchan != "0" else "")
-            from healthkit._stacks import dump_stacks
-            from healthkit._userdir import record_dir
+            from healthkit._diagnose.stacks import dump_stacks
+            from healthkit._os.userdir import record_dir
 
             stopped = bool(tasks) and tasks[0].state in ("T", "t")
             if stopped:

@@ -12,15 +12,15 @@ are internal (``healthkit._shared``).
 """
 
 from healthkit._actions import flush_logging
-from healthkit._bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._decide import Decision, OnCleanExit, Verdict, decide, decide_stall, stop_like
+from healthkit._diagnose.evidence import MemoryCgroup, find_memory_cgroup
+from healthkit._diagnose.stacks import dump_stacks, enable_quiet_stack_dumps, enable_stack_dumps
 from healthkit._errors import MAX_TIMEOUT_S
-from healthkit._evidence import MemoryCgroup, find_memory_cgroup
 from healthkit._jobnotice import publish_job_failure
-from healthkit._orphan import die_with_parent, set_thread_name
-from healthkit._proc import ProcStat, children, descendants, read_proc_stat
-from healthkit._stacks import dump_stacks, enable_quiet_stack_dumps, enable_stack_dumps
-from healthkit._stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
+from healthkit._os.bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
+from healthkit._os.orphan import die_with_parent, set_thread_name
+from healthkit._os.proc import ProcStat, children, descendants, read_proc_stat
+from healthkit._watch.stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
 from healthkit._watchdog import note_stop_survived
 
 __all__ = [

@@ -93,7 +93,7 @@ def _stop_signal_pipe() -> None:
     """Start healthkit's stop listener once, up front: the first ``arm()`` of a process
     creates its socketpair (it backs ``signal.set_wakeup_fd``) and its thread, which live as
     long as the process, so created inside a test they would look like that test's leak."""
-    from healthkit import _stopsignals
+    from healthkit._watch import stopsignals as _stopsignals
 
     assert _stopsignals.install()
 

@@ -62,7 +62,7 @@ def _torch_line(text: str) -> tuple[int, int] | None:
 
 def _return_code(text: str) -> tuple[int, int | None]:
     """An exit status, or torch's DataLoader line (then with the worker's pid)."""
-    from healthkit._diagnosis import check_returncode
+    from healthkit._diagnose.diagnosis import check_returncode
 
     line = _torch_line(text) if "DataLoader worker" in text else None
     try:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                          "$HEALTHKIT_RECORD_DIR, else <tmp>/healthkit-<uid>)")
         return _print_stacks(args.pids or None, not args.no_descendants, args.dir,
                              args.timeout)
-    from healthkit._diagnosis import ExitDiagnoser
+    from healthkit._diagnose.diagnosis import ExitDiagnoser
 
     code, line_pid = args.exit_code
     pid = args.pid if args.pid is not None else line_pid
@@ -190,9 +190,9 @@ def _where(pid: int) -> str:
     process without interrupting it (a dumper thread) or on one of its own threads."""
     import signal
 
-    from healthkit._proc import read_task_wait, read_threads
+    from healthkit._diagnose.stacks import DUMPER_COMM
+    from healthkit._os.proc import read_task_wait, read_threads
     from healthkit._progress import _describe_threads
-    from healthkit._stacks import DUMPER_COMM
 
     tasks = [t for t in read_task_wait(pid) or [] if t.comm != DUMPER_COMM]
     lines = [f"  {line}" for line in _describe_threads(tasks)]
@@ -209,9 +209,9 @@ def _where(pid: int) -> str:
 def _print_stacks(pids: list[int] | None, descendants: bool, directory: str | None,
                   timeout: float) -> int:
     """Print each process's stacks; exit 1 when none answered (nothing to show)."""
-    from healthkit._proc import read_proc_stat
-    from healthkit._stacks import dump_helper_stacks, is_opted_in
-    from healthkit._userdir import record_dir
+    from healthkit._diagnose.stacks import dump_helper_stacks, is_opted_in
+    from healthkit._os.proc import read_proc_stat
+    from healthkit._os.userdir import record_dir
 
     directory = directory or record_dir()
     given = [p for p in dict.fromkeys(pids or ()) if p != os.getpid()]

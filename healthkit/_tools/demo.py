@@ -25,10 +25,10 @@ import attrs
 
 from healthkit._actions import TORCHELASTIC_ERROR_FILE
 from healthkit._barrier import BarrierBrokenError, BoundedBarrier
-from healthkit._bounds import env_seconds
-from healthkit._evidence import find_memory_cgroup
-from healthkit._stop import stop
-from healthkit._watch import ProcessWatch, WatchSet
+from healthkit._diagnose.evidence import find_memory_cgroup
+from healthkit._os.bounds import env_seconds
+from healthkit._watch.process import ProcessWatch, WatchSet
+from healthkit._watch.stop import stop
 from healthkit._watchdog import DisarmableWatchdog
 
 SCENARIOS = ("server-oom", "worker-crash-at-init", "worker-hang-at-init", "helper-stall",

@@ -107,7 +107,7 @@ class _Agent:
         """The agent and everything below it: torchrun starts each rank in a session of its
         own, so the agent's process group alone would leave the ranks (and their helpers)
         running. Each is pinned by a pidfd before it is signalled."""
-        from healthkit._stop import watch_tree
+        from healthkit._watch.stop import watch_tree
 
         if self.proc.poll() is None:
             for watch in watch_tree(self.proc.pid):

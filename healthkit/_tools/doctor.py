@@ -13,8 +13,8 @@ from typing import TextIO
 
 import attrs
 
-from healthkit._evidence import KernelLog, find_memory_cgroup, format_bytes, shm_usage
-from healthkit._watch import HAVE_PIDFD
+from healthkit._diagnose.evidence import KernelLog, find_memory_cgroup, format_bytes, shm_usage
+from healthkit._watch.process import HAVE_PIDFD
 
 OK, WARN, MISSING, INFO = "ok", "warn", "missing", "info"
 _IMPORT_TIMEOUT_S = 120.0  # an integration imports torch: seconds, more on a loaded machine

@@ -12,7 +12,7 @@ the records, ``arm()``/``disarm()``, the watcher thread's loop and the actions, 
 to a :class:`~healthkit._watchdog._thread_host.ThreadHost` or a
 :class:`~healthkit._watchdog._sidecar_host.SidecarHost`, picked once by ``mode=``.
 
-Stops are not failures: :mod:`healthkit._stopsignals` records when this process is asked to
+Stops are not failures: :mod:`healthkit._watch.stopsignals` records when this process is asked to
 stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
 :class:`healthkit._judge.Judge`) judges each death against the stop episode under way.
 """
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-from healthkit import _jobnotice, _runtime, _stopsignals
+from healthkit import _jobnotice, _runtime
 from healthkit._actions import (
     Action,
     FailureEvent,
@@ -47,7 +47,7 @@ from healthkit._decide import (
     OnCleanExit,
     check_on_clean_exit,
 )
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
+from healthkit._diagnose.diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
 from healthkit._errors import (
     InterpreterShutdownError,
     InvalidArgumentError,
@@ -59,8 +59,9 @@ from healthkit._errors import (
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
-from healthkit._stop import stopped_by_healthkit
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.stop import stopped_by_healthkit
 from healthkit._watchdog._host import Host
 from healthkit._watchdog._sidecar_host import SidecarHost
 from healthkit._watchdog._thread_host import (

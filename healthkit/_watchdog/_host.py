@@ -19,10 +19,10 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, ClassVar
 
-from healthkit._diagnosis import ExitDiagnoser
+from healthkit._diagnose.diagnosis import ExitDiagnoser
 from healthkit._judge import Watched
 from healthkit._progress import ProgressWatch, Tracker
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 
 if TYPE_CHECKING:
     from healthkit import _jobnotice

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, ClassVar
 from healthkit import _jobnotice
 from healthkit._actions import flush_logging
 from healthkit._decide import Verdict
-from healthkit._diagnosis import ExitDiagnoser
+from healthkit._diagnose.diagnosis import ExitDiagnoser
 from healthkit._errors import InvalidArgumentError
 from healthkit._judge import Watched
 from healthkit._progress import ProgressWatch, Tracker
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog._host import Host
 from healthkit._watchdog._sidecar_link import SidecarLink
 

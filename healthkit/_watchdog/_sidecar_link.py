@@ -14,15 +14,16 @@ import subprocess
 import threading
 from typing import Any
 
-from healthkit import _jobnotice, _judge, _runtime, _stopsignals
+from healthkit import _jobnotice, _judge, _runtime
 from healthkit._actions import (
     TORCHELASTIC_ERROR_FILE,
 )
 from healthkit._errors import HealthkitError
 from healthkit._judge import Watched
 from healthkit._progress import ProgressWatch
-from healthkit._stop import stop
-from healthkit._watch import ExitStatus, ProcessWatch
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.process import ExitStatus, ProcessWatch
+from healthkit._watch.stop import stop
 from healthkit._watchdog._logging_transfer import drain_queue, logging_plan
 from healthkit._watchdog._protocol import (
     OWNER_PUBLISH_WAIT_S,

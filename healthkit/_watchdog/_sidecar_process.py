@@ -60,7 +60,7 @@ from collections.abc import Callable
 
 import attrs
 
-from healthkit import _jobnotice, _stopsignals
+from healthkit import _jobnotice
 from healthkit._actions import (
     FailureEvent,
     emit,
@@ -69,14 +69,15 @@ from healthkit._actions import (
     write_torchelastic_error_file,
 )
 from healthkit._decide import Decision, Verdict, check_on_clean_exit
-from healthkit._diagnosis import Diagnosis, ExitDiagnoser
+from healthkit._diagnose.diagnosis import Diagnosis, ExitDiagnoser
 from healthkit._errors import NoSuchProcessError
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
-from healthkit._proc import ProcStat, group_members, read_pending_signals, read_proc_stat
+from healthkit._os.proc import ProcStat, group_members, read_pending_signals, read_proc_stat
 from healthkit._progress import Tracker, stall_diagnosis
-from healthkit._stop import stop, watch_tree
-from healthkit._stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
-from healthkit._watch import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.process import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch.stop import stop, watch_tree
+from healthkit._watch.stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
 from healthkit._watchdog._link_process import LinkProcess, link_main
 from healthkit._watchdog._logging_transfer import SIDECAR_FORMAT, RelayHandler, apply_logging_plan
 from healthkit._watchdog._protocol import (

@@ -2,7 +2,7 @@
 actions.
 
 Beside the owner it keeps two small processes: the stop-signal witness
-(:mod:`healthkit._stopsignals`, a member of the owner's process group that records the group's
+(:mod:`healthkit._watch.stopsignals`, a member of the owner's process group that records the group's
 stop signals where no library can take them away, and stamps each helper's death on its own
 clock), and, under a launcher's job, the *job witness* (the sidecar program with
 ``witness=True``, one per process, shared by its thread-mode watchdogs) that names the rank's
@@ -16,11 +16,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, ClassVar
 
-from healthkit import _jobnotice, _stopsignals
+from healthkit import _jobnotice
 from healthkit._decide import Verdict
 from healthkit._judge import Judge, Watched
 from healthkit._progress import ProgressWatch, Tracker
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watchdog._host import Host
 from healthkit._watchdog._sidecar_link import SidecarLink
 

@@ -34,8 +34,8 @@ from healthkit import (
     ProcessWatch,
     WatchSet,
 )
-from healthkit._evidence import MemoryCgroup, find_memory_cgroup
-from healthkit._proc import read_proc_stat
+from healthkit._diagnose.evidence import MemoryCgroup, find_memory_cgroup
+from healthkit._os.proc import read_proc_stat
 from healthkit.lowlevel import MAX_TIMEOUT_S, EnvValueWarning
 
 pytestmark = pytest.mark.security

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import healthkit
-from healthkit._evidence import find_memory_cgroup
+from healthkit._diagnose.evidence import find_memory_cgroup
 from healthkit._tools.cli import main
 from healthkit._tools.doctor import checks, report
 

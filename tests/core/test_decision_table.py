@@ -237,12 +237,16 @@ def _end_strays(stdout: str) -> None:
             hk.stop(pids, request=lambda: None, grace=10, kill_after=0, kill_timeout=10)
 
 
-@pytest.mark.timeout(180)
+#: Runs per cell (races: repeat): 3 by hand, 2 in scripts/test, the soak's count in scripts/soak.
+RUNS = int(os.environ.get("HEALTHKIT_MATRIX_RUNS", "3"))
+
+
+@pytest.mark.timeout(60 * max(3, RUNS))
 @pytest.mark.parametrize("mode", ["thread", "sidecar"])
 @pytest.mark.parametrize("scenario", list(TABLE))
 def test_both_modes_fire_on_the_same_endings(scenario: str, mode: str, tmp_path: Path) -> None:
     fires = TABLE[scenario][1]
-    for _ in range(int(os.environ.get("HEALTHKIT_MATRIX_RUNS", "3"))):  # races: repeat
+    for _ in range(RUNS):
         proc, fired = _run(scenario, mode, tmp_path)
         assert fired is fires, (proc.returncode, proc.stderr)
         if fires:

@@ -17,7 +17,7 @@ from helpers import PYTHON, kmsg_report
 from testutil import kernel_log_unusable, memory_cgroup_or_skip, remove_cgroup
 
 from healthkit import Cause, Diagnosis, ExitDiagnoser, ExitStatus, ProcessWatch
-from healthkit._evidence import MemoryCgroup
+from healthkit._diagnose.evidence import MemoryCgroup
 
 KMSG = Path(__file__).parent / "fixtures" / "kmsg"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from healthkit._evidence import (
+from healthkit._diagnose.evidence import (
     KernelLog,
     MemoryCgroup,
     find_memory_cgroup,

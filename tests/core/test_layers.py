@@ -115,3 +115,80 @@ def test_the_watchdog_layer_map_holds() -> None:
     assert "from healthkit._watchdog._sidecar_process import main" in (
         ROOT / "healthkit" / "_watchdog" / "_protocol.py"
     ).read_text()
+
+
+#: The library's layers, lowest first (docs/architecture.md, "The layout"). A module may import
+#: its own layer and those below; the errors, the runtime (process-wide state), the shared
+#: validators and the version stand under every layer. Everything else in ``healthkit/``
+#: (the rule, the primitives, the watchdog and its hosts, the public modules) stands on the
+#: diagnosis layer, and the command (``_tools``, ``python -m healthkit``) on everything.
+LAYERS = {"_os": 0, "_watch": 1, "_diagnose": 2, "_tools": 4, "__main__": 4}
+TOP = 3
+BASE = {"_errors", "_runtime", "_shared", "_version"}
+
+
+def _layer(module: str) -> int:
+    """``module``: dotted, below ``healthkit`` (``_os.proc``, ``_judge``, ``lowlevel``)."""
+    head = module.split(".")[0]
+    return -1 if head in BASE else LAYERS.get(head, TOP)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """The healthkit modules ``path`` imports at run time (``TYPE_CHECKING`` blocks left out),
+    each with its line."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    inside = path.is_relative_to(ROOT)
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1]) if inside else ""
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            if base == "healthkit":
+                found += [(node.lineno, a.name) for a in node.names]
+            elif base.startswith("healthkit."):
+                found.append((node.lineno, base.removeprefix("healthkit.")))
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, a.name.removeprefix("healthkit."))
+                for a in node.names
+                if a.name.startswith("healthkit.")
+            ]
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_each_layer_imports_only_its_own_and_those_below() -> None:
+    modules = [p for p in (ROOT / "healthkit").rglob("*.py") if "__pycache__" not in p.parts]
+    assert {p.parent.name for p in modules} >= {"_os", "_watch", "_diagnose", "_tools"}
+    upward = []
+    for path in modules:
+        own = path.relative_to(ROOT / "healthkit").with_suffix("").parts
+        mine = _layer(".".join(own))
+        for line, target in _imports(path):
+            if target[:1].isupper() or target in ("__version__",):
+                continue  # a name from the package itself (``from healthkit import X``)
+            if _layer(target) > mine:
+                upward.append(f"healthkit/{'/'.join(own)}.py:{line} imports {target}")
+    assert not upward, "a layer imports one above it:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The check above is not vacuous: an upward import in a file it reads is found."""
+    probe = ROOT / "healthkit" / "_os" / "proc.py"
+    found = _imports(probe)
+    assert any(t == "_errors" for _, t in found), found
+    bad = tmp_path / "x.py"
+    bad.write_text("from healthkit._diagnose.diagnosis import ExitDiagnoser\n")
+    ((_, target),) = _imports(bad)
+    assert _layer(target) > _layer("_os.proc")

@@ -38,8 +38,8 @@ from healthkit import (
     ProcessWatch,
     WatchClosedError,
 )
-from healthkit._proc import read_proc_stat
-from healthkit._watch import UNKNOWN_NOT_PERMITTED
+from healthkit._os.proc import read_proc_stat
+from healthkit._watch.process import UNKNOWN_NOT_PERMITTED
 
 KINDS = ["fork", "spawn", "forkserver", "popen", "pid-of-fork", "pid-of-popen"]
 MP_KINDS = ("fork", "spawn", "forkserver")

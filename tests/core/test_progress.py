@@ -27,7 +27,7 @@ from healthkit import (
     ProgressWatch,
 )
 from healthkit._decide import Verdict, decide_stall
-from healthkit._stopsignals import StopEpisode
+from healthkit._watch.stopsignals import StopEpisode
 from healthkit.actions import FailureEvent
 
 pytestmark = pytest.mark.timeout(60)

@@ -4,6 +4,7 @@ of an earlier process with the same pid; the size cap; the error file; on-demand
 
 from __future__ import annotations
 
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -20,7 +21,9 @@ import pytest
 from helpers import HERE, PYTHON
 
 import healthkit as hk
-from healthkit._records import read_record, record_name, write_record
+from healthkit._diagnose import stacks as _stacks
+from healthkit._diagnose.records import read_record, record_name, write_record
+from healthkit._os import userdir as _userdir
 from healthkit.actions import FailureEvent, write_torchelastic_error_file
 
 
@@ -28,12 +31,15 @@ from healthkit.actions import FailureEvent, write_torchelastic_error_file
 def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private record directory of this test's own, inherited by every child it starts."""
     directory = tmp_path / "records"
-    monkeypatch.setenv(hk._userdir.RECORD_DIR_ENV, str(directory))
+    monkeypatch.setenv(_userdir.RECORD_DIR_ENV, str(directory))
     yield directory
 
 
 def load_shard(n: int) -> None:
     raise ValueError(f"bad shard {n}")
+
+
+RAISED_AT = f"test_records.py:{load_shard.__code__.co_firstlineno + 1}"  # the raise above
 
 
 @hk.record_exception
@@ -85,19 +91,19 @@ def test_a_helpers_exception_is_its_diagnosis(records: Path, method: str, wrappe
     exc = d.exception
     assert exc is not None
     assert (exc.type, exc.message, exc.pid) == ("ValueError", "bad shard 7", d.pid)
-    assert exc.where == "test_records.py:36 in load_shard"
+    assert exc.where == f"{RAISED_AT} in load_shard"
     assert exc.frames[-1].splitlines()[1].strip() == 'raise ValueError(f"bad shard {n}")'
     line = str(d)
     assert line.startswith(
         f"shard-loader (pid {d.pid}) exited with code 1: it raised ValueError: bad shard 7 "
-        "at test_records.py:36 in load_shard [exception record "
+        f"at {RAISED_AT} in load_shard [exception record "
     ), line
     assert "Fix the cause of that exception" in line
     # The record: private, in a private directory, holding the whole traceback. A
     # forkserver started before this test set the variable gives its children its own,
     # older environment: the helper writes to the default directory, where it is found too.
     path = Path(exc.path)
-    where = records if method != "forkserver" else Path(hk._userdir.default_record_dir())
+    where = records if method != "forkserver" else Path(_userdir.default_record_dir())
     assert path.parent == where
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -219,7 +225,7 @@ def test_every_ending_of_a_wrapped_helper_carries_its_cause(
         assert d.exception.context == where
         assert line.startswith(
             f"loader (pid {pid}) exited with code 0 while it was expected to run until "
-            f"disarmed: it raised ValueError: bad shard 7 in {where} at test_records.py:36 in "
+            f"disarmed: it raised ValueError: bad shard 7 in {where} at {RAISED_AT} in "
             "load_shard, then returned;"
         ), line
         assert f"its exception (in {where}), last frames" in callstack, callstack
@@ -352,13 +358,15 @@ def test_the_watchdog_line_and_error_file_carry_the_exception(
     callstack = json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
     assert callstack.startswith(
         f"healthkit watchdog: loader (pid {pid}) exited with code 1: it raised ValueError: "
-        "bad shard 7 at test_records.py:36 in load_shard"
+        f"bad shard 7 at {RAISED_AT} in load_shard"
     )
+    call_line = inspect.unwrap(decorated_helper).__code__.co_firstlineno + 2
     assert re.search(
         r"  its exception, last frames \(full traceback in the record above\):\n"
-        r'    File ".*test_records.py", line 41, in decorated_helper\n'
+        rf'    File ".*test_records.py", line {call_line}, '
+        r"in decorated_helper\n"
         r"      load_shard\(n\)\n"
-        r'    File ".*test_records.py", line 36, in load_shard\n'
+        rf'    File ".*test_records.py", line {RAISED_AT.split(":")[1]}, in load_shard\n'
         r'      raise ValueError\(f"bad shard \{n\}"\)\n'
         r"  ValueError: bad shard 7\n$",
         callstack,
@@ -404,7 +412,7 @@ def test_stacks_of_a_running_jobs_helpers_on_demand(records: Path) -> None:
             p.join(30)
             p.close()
     # A SIGKILLed helper cannot withdraw its opt-in; it is never listed as a live one.
-    assert hk._stacks.opted_in(str(records)) == []
+    assert _stacks.opted_in(str(records)) == []
 
 
 def test_record_exception_rejects_what_is_not_a_function() -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from healthkit import _stopsignals
-from healthkit._proc import read_threads
+from healthkit._os.proc import read_threads
+from healthkit._watch import stopsignals as _stopsignals
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -228,7 +228,7 @@ def test_proc_files_read_holding_the_gil_read_what_open_reads(tmp_path: Path) ->
     """``/proc/<pid>/{stat,status}`` are read through libc with the GIL kept (a busy main
     thread can make a released-and-retaken GIL wait a switch interval): the same bytes as
     Python's own calls, several buffers long, and the same errors."""
-    from healthkit._proc import read_small
+    from healthkit._os.proc import read_small
 
     me = os.getpid()
     stat = Path(f"/proc/{me}/stat").read_bytes()

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from healthkit import Cause, ExitDiagnoser, ProcessWatch
-from healthkit._evidence import KernelLog, KernelRecord, oom_killed_pid
-from healthkit._stacks import enable_stack_dumps, stack_file
+from healthkit._diagnose.evidence import KernelLog, KernelRecord, oom_killed_pid
+from healthkit._diagnose.stacks import enable_stack_dumps, stack_file
 from healthkit.actions import FailureEvent
 from healthkit.actions import write_torchelastic_error_file as ErrorFileAction
 from healthkit.lowlevel import dump_stacks
@@ -393,7 +393,7 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 
 
 def _start_time(pid: int) -> int:
-    from healthkit._proc import read_proc_stat
+    from healthkit._os.proc import read_proc_stat
 
     stat_ = read_proc_stat(pid)
     assert stat_ is not None
@@ -426,7 +426,7 @@ def test_dump_request_never_signals_a_process_that_did_not_opt_in(
 
 def test_dump_request_reaches_a_process_that_opted_in(tmp_path: Path) -> None:
     proc = _sleeper(f"""
-        from healthkit._stacks import enable_stack_dumps
+        from healthkit._diagnose.stacks import enable_stack_dumps
         enable_stack_dumps({str(tmp_path)!r})
         def where_it_waits():
             time.sleep(600)
@@ -450,7 +450,7 @@ def test_opt_in_is_withdrawn_before_interpreter_finalization(tmp_path: Path) -> 
             print("exiting", flush=True)
             sys.stdin.readline()
         atexit.register(late)
-        from healthkit._stacks import enable_stack_dumps
+        from healthkit._diagnose.stacks import enable_stack_dumps
         enable_stack_dumps({str(tmp_path)!r})
         print("ready", flush=True)
     """)
@@ -653,8 +653,8 @@ def test_exception_records_are_not_written_where_another_user_planted_the_direct
     """The per-user record directory is predictable (<tmp>/healthkit-<uid>): another user
     may make it first. Records (tracebacks may hold secrets) then go nowhere, with a
     warning, and the helper's own exception is what it raises, as always."""
-    from healthkit._records import write_record
-    from healthkit._userdir import RECORD_DIR_ENV
+    from healthkit._diagnose.records import write_record
+    from healthkit._os.userdir import RECORD_DIR_ENV
 
     records = shared_dir / "healthkit-0"
     if planted == "their directory":

@@ -13,7 +13,7 @@ import pytest
 from helpers import reaped
 
 import healthkit as hk
-from healthkit._stop import stop
+from healthkit._watch.stop import stop
 
 
 def wait_for_event(event: object) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from healthkit import _stopsignals
-from healthkit._stopsignals import StopEpisode, current_episode
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.stopsignals import StopEpisode, current_episode
 
 
 def test_set_wakeup_fd_keeps_its_contract() -> None:
@@ -89,8 +89,8 @@ def test_a_forked_child_gets_the_applications_fd_back() -> None:
 
 ASYNCIO_OWNER = """
 import asyncio, os, signal, time
-from healthkit import _stopsignals
-from healthkit._stopsignals import StopEpisode, current_episode
+from healthkit._watch import stopsignals as _stopsignals
+from healthkit._watch.stopsignals import StopEpisode, current_episode
 import healthkit
 
 def arm():
@@ -146,7 +146,7 @@ def test_a_signal_no_thread_can_take_is_seen_pending() -> None:
     blocks SIGHUP, so it stays pending; healthkit reads it from /proc."""
     code = """
         import os, signal, threading, time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         os.kill(os.getpid(), signal.SIGHUP)
         print(_stopsignals.pending_stop(os.getpid()).name)
@@ -168,7 +168,7 @@ def test_the_witness_keeps_a_group_stop_that_a_library_took_from_the_wakeup_fd()
     documented limit), and a witness whose last user let go is gone, reaped."""
     code = """
         import os, signal, time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         assert _stopsignals.install()
         assert _stopsignals.acquire_witness() and _stopsignals.acquire_witness()
         witness = _stopsignals.witness_pid()
@@ -211,7 +211,7 @@ def test_a_stop_left_pending_is_one_episode_with_one_start() -> None:
     instead of never. Its twin: a new stop signal after that begins a new episode."""
     code = """
         import os, signal, time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         assert _stopsignals.install()
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
         os.kill(os.getpid(), signal.SIGTERM)
@@ -242,7 +242,7 @@ def test_a_mask_that_grows_after_arm_defers_for_one_grace_not_for_ever() -> None
     excused was never reported). Its twin: the mask lifted, nothing is under way."""
     code = """
         import os, signal, time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         assert _stopsignals.install()
         time.sleep(0.1)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -268,7 +268,7 @@ def test_a_mask_with_no_stop_signal_is_no_stop_once_it_has_lasted_a_moment() -> 
     sent while the mask holds stays pending, and is a stop."""
     code = """
         import os, signal, time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         assert _stopsignals.install()
         time.sleep(0.1)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -292,7 +292,7 @@ def test_a_mask_with_no_stop_signal_is_no_stop_once_it_has_lasted_a_moment() -> 
 def test_a_blocked_stop_signal_near_another_trace_of_a_stop_stays_a_stop() -> None:
     """The rule itself: blocked past HANDLER_CONFIRM_S is a mask only when no other trace of
     a stop signal (delivered, pending, noted, witnessed) came near it."""
-    from healthkit._stopsignals import HANDLER_CONFIRM_S, mask_not_stop
+    from healthkit._watch.stopsignals import HANDLER_CONFIRM_S, mask_not_stop
 
     term = signal.SIGTERM
     late = 10.0 + HANDLER_CONFIRM_S
@@ -349,7 +349,7 @@ def test_a_death_the_witness_saw_first_precedes_the_stop_however_the_stop_was_no
 def test_note_stop_begins_an_episode_that_ends_after_the_grace() -> None:
     code = """
         import time
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         assert _stopsignals.install()
         t = time.monotonic()
         _stopsignals.note_stop()
@@ -373,7 +373,7 @@ def test_healthkits_threads_never_take_the_processs_signals(mode: str, tmp_path:
     code = f"""
         import multiprocessing as mp, os, signal, subprocess, sys, threading, time
         import healthkit
-        from healthkit._proc import read_threads
+        from healthkit._os.proc import read_threads
 
         def child_mask(event):
             out = subprocess.run(["grep", "SigBlk", "/proc/self/status"], capture_output=True,
@@ -522,8 +522,8 @@ def test_the_witness_stamps_a_watched_helpers_death_on_its_own_clock() -> None:
     reused pid) is never stamped."""
     code = """
         import os, signal, subprocess, time
-        from healthkit import _stopsignals
-        from healthkit._proc import read_proc_stat
+        from healthkit._watch import stopsignals as _stopsignals
+        from healthkit._os.proc import read_proc_stat
         assert _stopsignals.install() and _stopsignals.acquire_witness()
         a = subprocess.Popen(["sleep", "60"])
         b = subprocess.Popen(["sleep", "60"])
@@ -555,7 +555,7 @@ def test_note_stop_survived_without_a_watchdog_does_nothing() -> None:
     error, nothing installed (a later arm() starts from a clean history)."""
     code = """
         import healthkit
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
         healthkit.lowlevel.note_stop_survived()
         healthkit.DisarmableWatchdog.note_stop_survived()
         print(_stopsignals._listener is None, _stopsignals.survived_marks())
@@ -575,7 +575,7 @@ def test_a_witness_interrupted_while_it_starts_is_not_left_running() -> None:
     path that once leaked; the twin, an uninterrupted start, ends cleanly too."""
     code = """
         import os, signal, time, traceback
-        from healthkit import _stopsignals
+        from healthkit._watch import stopsignals as _stopsignals
 
         def children():
             out = set()

@@ -1,10 +1,10 @@
 """Where a helper leaves what its owner may need after it is gone: this user's private
-directory of exception records (:mod:`healthkit._records`) and stack-dump opt-ins
-(:mod:`healthkit._stacks`).
+directory of exception records (:mod:`healthkit._diagnose.records`) and stack-dump opt-ins
+(:mod:`healthkit._diagnose.stacks`).
 
 Owner and helper compute it from the same environment, so nothing is passed down: fork,
 spawn and forkserver children and subprocesses inherit it. It is used only when it belongs
-to this user and nobody else can write to it (:mod:`healthkit._safefile`).
+to this user and nobody else can write to it (:mod:`healthkit._os.safefile`).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from healthkit._errors import (
     check_callable,
     check_timeout,
 )
-from healthkit._proc import descendants, read_proc_stat
-from healthkit._watch import ExitStatus, ProcessWatch, WatchSet
+from healthkit._os.proc import descendants, read_proc_stat
+from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 
 __all__ = [
     "StopReport",

@@ -60,9 +60,9 @@ from healthkit._errors import (
     check_timeout,
     path_arg,
 )
-from healthkit._proc import catches_signal, descendants, read_proc_stat
-from healthkit._safefile import UnsafePathError, open_directory
-from healthkit._userdir import record_dir
+from healthkit._os.proc import catches_signal, descendants, read_proc_stat
+from healthkit._os.safefile import UnsafePathError, open_directory
+from healthkit._os.userdir import record_dir
 
 __all__ = [
     "dump_helper_stacks",
@@ -110,7 +110,7 @@ def enable_stack_dumps(directory: str, signum: int = DEFAULT_SIGNAL) -> str | No
     Call it at the start of a worker. Idempotent. Returns the file path, or ``None`` (with
     a warning) when the file cannot be created, e.g. the directory is gone: stacks are a
     diagnostic, never a reason for a worker's start-up to fail. The directory is opened
-    without following a symlink another user could have planted (:mod:`healthkit._safefile`).
+    without following a symlink another user could have planted (:mod:`healthkit._os.safefile`).
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise InvalidArgumentTypeError(
@@ -161,7 +161,7 @@ DUMPER_COMM = "hk-stack-dumper"
 
 
 def _dumper(sig: int, fd: int) -> None:
-    from healthkit._orphan import set_thread_name
+    from healthkit._os.orphan import set_thread_name
 
     set_thread_name(DUMPER_COMM)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})

@@ -18,7 +18,7 @@ at a time, from a directory fd:
   ``O_CREAT|O_EXCL|O_NOFOLLOW``, and renamed over the target: a FIFO or symlink at the target
   refuses the write, and a planted hard link is replaced, never written through.
 
-Both writers (:mod:`healthkit._actions` and :mod:`healthkit._records`) use this module.
+Both writers (:mod:`healthkit._actions` and :mod:`healthkit._diagnose.records`) use this module.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ from healthkit._errors import (
     check_seconds,
     check_signal,
 )
-from healthkit._proc import (
+from healthkit._os.proc import (
     any_thread_running,
     read_fd_now,
     read_pending_signals,

@@ -11,15 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from healthkit._errors import (
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    check_bool,
-    check_path,
-    check_pid,
-    path_arg,
-)
-from healthkit._evidence import (
+from healthkit._diagnose.evidence import (
     KernelLog,
     KernelLogFollower,
     MemoryCgroup,
@@ -28,11 +20,19 @@ from healthkit._evidence import (
     format_bytes,
     shm_usage,
 )
-from healthkit._proc import read_proc_stat
-from healthkit._records import HelperException, find_record
-from healthkit._stacks import signalled_by_us
-from healthkit._userdir import record_dir
-from healthkit._watch import (
+from healthkit._diagnose.records import HelperException, find_record
+from healthkit._diagnose.stacks import signalled_by_us
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bool,
+    check_path,
+    check_pid,
+    path_arg,
+)
+from healthkit._os.proc import read_proc_stat
+from healthkit._os.userdir import record_dir
+from healthkit._watch.process import (
     UNKNOWN_NOT_PERMITTED,
     UNKNOWN_REAPED_ELSEWHERE,
     UNKNOWN_SIGCHLD_IGNORED,

@@ -10,19 +10,19 @@ that process's death, so both watchdog modes (the watcher thread and the sidecar
 other user of the diagnoser carry it into the one-line diagnosis and the torchelastic error
 file.
 
-Where: one private directory per user, :func:`~healthkit._userdir.record_dir`
+Where: one private directory per user, :func:`~healthkit._os.userdir.record_dir`
 (``$HEALTHKIT_RECORD_DIR``, else ``<tempdir>/healthkit-<euid>``). Owner and helper compute the
 same directory from the same environment, so nothing has to be passed down: fork, spawn and
 forkserver children and subprocesses all inherit it (a forkserver started before the owner set
 the variable writes to the default one, which the reader looks in too). The directory is
 created mode 0700 and used only if it belongs to this user and nobody else can write to it;
-paths are resolved by :mod:`healthkit._safefile`.
+paths are resolved by :mod:`healthkit._os.safefile`.
 
 Which process: a record is named after the pid *and the process's start time* (from
 ``/proc/<pid>/stat``), so a later process that reuses the pid never matches an old record.
 The start time counts clock ticks (10 ms): a pid reused within one tick has the same one.
 Where the kernel numbers processes for good (pidfs, Linux 6.9+), the record also carries
-that number (:func:`~healthkit._proc.pidfd_identity`) and a reader that knows the process's
+that number (:func:`~healthkit._os.proc.pidfd_identity`) and a reader that knows the process's
 own (a :class:`~healthkit.ProcessWatch` pins it) takes no record with another.
 
 Every ending that has a Python cause is recorded, because each one reads "exited with code
@@ -58,10 +58,10 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import attrs
 
-from healthkit._proc import read_peak_rss, read_proc_stat, self_identity
-from healthkit._safefile import UnsafePathError, open_directory, read_private, write_atomic
-from healthkit._stacks import enable_private_stack_dumps, withdraw_stack_dumps
-from healthkit._userdir import RECORD_DIR_ENV, default_record_dir, record_dir
+from healthkit._diagnose.stacks import enable_private_stack_dumps, withdraw_stack_dumps
+from healthkit._os.proc import read_peak_rss, read_proc_stat, self_identity
+from healthkit._os.safefile import UnsafePathError, open_directory, read_private, write_atomic
+from healthkit._os.userdir import RECORD_DIR_ENV, default_record_dir, record_dir
 
 __all__ = ["HelperException", "find_record", "read_record", "record_exception", "write_record"]
 
@@ -274,7 +274,7 @@ def read_record(pid: int, start_time: int, directory: str | None = None, *,
                 identity: int | None = None) -> HelperException | None:
     """The exception record of the process ``(pid, start_time)``, or ``None`` if it wrote
     none (or the directory or file fails a safety check, or is malformed). With
-    ``identity`` (the process's :func:`~healthkit._proc.pidfd_identity`), a record that
+    ``identity`` (the process's :func:`~healthkit._os.proc.pidfd_identity`), a record that
     carries another is an earlier process's that reused the pid within one clock tick."""
     directory = directory or record_dir()
     name = record_name(pid, start_time)
@@ -462,7 +462,7 @@ def record_exception(
     or around the body of a helper script (``with healthkit.record_exception(): main()``).
     An ``Exception`` that escapes, or a failing ``sys.exit`` (``sys.exit(3)``,
     ``sys.exit("fatal: ...")``), is written to this process's exception record (see
-    :mod:`healthkit._records`) and then propagates unchanged: the process still prints its
+    :mod:`healthkit._diagnose.records`) and then propagates unchanged: the process still prints its
     traceback and exits with the same code. From then on an exception that ends another of
     its threads or an ``atexit`` callback is recorded too (unless a record was written
     already). ``sys.exit(0)`` is not recorded; a ``KeyboardInterrupt`` is, and is named as

@@ -57,7 +57,7 @@ from healthkit._errors import (
     check_timeout,
     path_arg,
 )
-from healthkit._proc import (
+from healthkit._os.proc import (
     may_read_exit_code,
     pidfd_identity,
     read_peak_rss,
