@@ -146,7 +146,7 @@ def idle_cost(n: int, window: float) -> dict[str, Any]:
     ignore = [lambda event: None]
     wd = hk.DisarmableWatchdog(procs, actions=ignore, name=f"idle-{n}").arm()
     side = hk.DisarmableWatchdog(procs, mode="sidecar", name=f"idle-sidecar-{n}").arm()
-    sidecar_pid = side._sidecar.pid if side._sidecar is not None else None
+    sidecar_pid = side.sidecar_pid
     pollers = {0.1: Poller(procs, 0.1), 10.0: Poller(procs, 10.0)}
     try:
         threads = {

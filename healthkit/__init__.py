@@ -36,11 +36,10 @@ from healthkit._errors import (
 from healthkit._os.userdir import record_dir
 from healthkit._progress import Heartbeat, ProgressWatch
 from healthkit._shared import publish as _publish
-from healthkit._sidecar import SidecarError
 from healthkit._version import __version__ as __version__
 from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watch.stop import StopReport, stop
-from healthkit._watchdog import DisarmableWatchdog
+from healthkit._watchdog import DisarmableWatchdog, SidecarError
 
 __all__ = [
     "BarrierBrokenError",

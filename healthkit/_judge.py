@@ -26,7 +26,7 @@ from healthkit._diagnose.diagnosis import (
     with_exception_record,
 )
 from healthkit._os.proc import read_proc_stat
-from healthkit._watch.process import ExitStatus, ProcessWatch
+from healthkit._watch.process import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch
 from healthkit._watch.stopsignals import HANDLER_CONFIRM_S, StopEpisode
 
 __all__ = ["SECOND_LOOK_S", "Judge", "Watched"]
@@ -56,9 +56,26 @@ class Watched:
     start_time: int | None
     watch: ProcessWatch | None = None  # None: the sidecar found it ended before it watched
     owned: bool = False  # the watchdog built the ProcessWatch, so it closes it
-    status: ExitStatus | None = None  # how it ended, once known
+    #: How it ended as told by someone else, when its own watch cannot say: the owner's word
+    #: in the sidecar (it reaped the helper first), or the status a judgement was made on.
+    told: ExitStatus | None = None
     deferred: Decision | None = None  # excused by a stop for now: decided again at .until
     settled: bool = False  # decided for good: nothing more will happen about it
+
+    @property
+    def status(self) -> ExitStatus | None:
+        """How it ended, once known. The one place a watchdog reads it: its watch's own
+        status (the kernel's, read by :class:`ProcessWatch`) unless that is unknown and
+        :attr:`told` says more (a code, or why it is unknown)."""
+        own = self.watch.status if self.watch is not None else None
+        told = self.told
+        if own is not None and (own.returncode is not None or own.source == UNKNOWN_NOT_PERMITTED):
+            return own
+        if told is not None and (
+            told.returncode is not None or own is None or told.source != "unknown"
+        ):
+            return told
+        return own
 
     @classmethod
     def of(cls, watch: ProcessWatch, on_clean_exit: OnCleanExit, *, owned: bool) -> Watched:
@@ -152,18 +169,14 @@ class Judge:
         if record.settled:
             return Decision(Verdict.IGNORE, "already decided")
         now = time.monotonic() if now is None else now
-        first_look = record.deferred is None
-        if status is not None and first_look:
-            _refresh_group(record)
-        decision = self._decide(record, status, now, owner_exiting, owner_gone)
-        if first_look and decision.verdict is Verdict.FIRE and status is not None and (
-            stop_like(status)
-        ):
-            decision = self._second_look(record, status, owner_exiting, owner_gone)
+        decision = self.verdict(
+            record, status, now=now, owner_exiting=owner_exiting, owner_gone=owner_gone
+        )
         if decision.verdict is Verdict.KEEP_WATCHING:
             return decision
         assert status is not None
-        record.status = status
+        if record.status is None:
+            record.told = status  # what this was decided on, for a later look (a peek)
         excused, record.deferred = record.deferred, None
         if (
             excused is not None
@@ -199,6 +212,30 @@ class Judge:
             )
         elif excused is not None:
             self.log.info("%s: %s: %s", self.name, record.name, decision.reason)
+        return decision
+
+    def verdict(
+        self,
+        record: Watched,
+        status: ExitStatus | None,
+        *,
+        now: float | None = None,
+        owner_exiting: bool = False,
+        owner_gone: bool = False,
+    ) -> Decision:
+        """What the rule says of ``record``'s ending now, from every input :meth:`judge`
+        uses (its process group at death, the owner's stop episode, the second look), without
+        acting on it: the owner of a sidecar asks this at its own exit, to know whether the
+        sidecar is about to act."""
+        now = time.monotonic() if now is None else now
+        first_look = record.deferred is None
+        if status is not None and first_look:
+            _refresh_group(record)
+        decision = self._decide(record, status, now, owner_exiting, owner_gone)
+        if first_look and decision.verdict is Verdict.FIRE and status is not None and (
+            stop_like(status)
+        ):
+            decision = self._second_look(record, status, owner_exiting, owner_gone)
         return decision
 
     def _decide(

@@ -85,6 +85,38 @@ def test_the_library_never_imports_the_command() -> None:
     assert "healthkit._tools.cli" in (ROOT / "healthkit" / "__main__.py").read_text()
 
 
+def test_the_watchdog_layer_map_holds() -> None:
+    """docs/architecture.md names every module of ``healthkit/_watchdog/``; thread vs sidecar
+    is decided once (``mode=`` picks a host), so no mode branch is left outside the host
+    modules; and the sidecar process's module is started by path (the protocol's bootstrap),
+    never imported by the owner's side."""
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    layer = sorted((ROOT / "healthkit" / "_watchdog").glob("*.py"))
+    assert len(layer) >= 8
+    unmapped = [p.name for p in layer if f"`_watchdog/{p.name}`" not in architecture]
+    assert not unmapped, f"modules missing from docs/architecture.md's map: {unmapped}"
+    branch = re.compile(r"mode ==|mode !=|\._sidecar\b")
+    hosts = ("_host.py", "_thread_host.py", "_sidecar_host.py")
+    branches = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in (ROOT / "healthkit").rglob("*.py")
+        if p.name not in hosts
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if branch.search(line)
+    ]
+    assert not branches, branches
+    sidecar_import = re.compile(r"^\s*(from|import)\s+healthkit\._watchdog\._sidecar_process", re.M)
+    importers = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "healthkit").rglob("*.py")
+        if p.name != "_protocol.py" and sidecar_import.search(p.read_text())
+    ]
+    assert not importers, importers
+    assert "from healthkit._watchdog._sidecar_process import main" in (
+        ROOT / "healthkit" / "_watchdog" / "_protocol.py"
+    ).read_text()
+
+
 #: The library's layers, lowest first (docs/architecture.md, "The layout"). A module may import
 #: its own layer and those below; the errors, the runtime (process-wide state), the shared
 #: validators and the version stand under every layer. Everything else in ``healthkit/``

@@ -46,9 +46,15 @@ def test_each_package_logs_under_its_own_name_in_the_healthkit_tree(expected: st
 
 def test_the_core_modules_log_to_the_healthkit_logger() -> None:
     import healthkit._actions
-    import healthkit._sidecar
-    import healthkit._watchdog
+    from healthkit._watchdog import (
+        _core,
+        _link_process,
+        _logging_transfer,
+        _sidecar_link,
+        _sidecar_process,
+    )
 
-    for module in (healthkit._actions, healthkit._sidecar, healthkit._watchdog):
+    modules = (_core, _link_process, _logging_transfer, _sidecar_link, _sidecar_process)
+    for module in (healthkit._actions, *modules):
         assert module.logger is logging.getLogger("healthkit")
     assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")

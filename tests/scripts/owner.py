@@ -119,6 +119,7 @@ def main() -> None:
     ap.add_argument("--policy", default="fail")
     ap.add_argument("--sigterm-exits", action="store_true")
     ap.add_argument("--stop-grace", type=float, default=30.0)
+    ap.add_argument("--death", default="SIGKILL", help="exit-right-after-death: the signal")
     ap.add_argument("--log-file", help="the application's logging: a FileHandler on the root")
     ap.add_argument("--log-level", help="set on the healthkit logger (e.g. CRITICAL)")
     ap.add_argument("--log-disabled", action="store_true", help="healthkit logger disabled")
@@ -181,7 +182,8 @@ def main() -> None:
     if args.scenario in TABLE:
         table_scenario(args, ctx)
         return
-    target = return_early if args.scenario == "early-exit-0" else serve_forever
+    early = ("early-exit-0", "exit-right-after-clean-exit")
+    target = return_early if args.scenario in early else serve_forever
     helpers = [
         ctx.Process(target=target, name=f"helper-{i}", daemon=True) for i in range(args.helpers)
     ]
@@ -265,7 +267,15 @@ def main() -> None:
         # and leaves at once, keeping the GIL as long as it can so that the exit usually
         # starts before the watcher thread runs.
         sys.setswitchinterval(100)
-        os.kill(helpers[0].pid, signal.SIGKILL)
+        os.kill(helpers[0].pid, signal.Signals[args.death])
+        siginfo = ctypes.create_string_buffer(128)
+        P_PID, WEXITED, WNOWAIT = 1, 4, 0x01000000
+        ctypes.PyDLL(None).waitid(P_PID, helpers[0].pid, siginfo, WEXITED | WNOWAIT)
+        print("MAIN THREAD DONE", flush=True)
+        return
+    elif args.scenario == "exit-right-after-clean-exit":
+        # The same, for a helper that finishes by itself (exit 0).
+        sys.setswitchinterval(100)
         siginfo = ctypes.create_string_buffer(128)
         P_PID, WEXITED, WNOWAIT = 1, 4, 0x01000000
         ctypes.PyDLL(None).waitid(P_PID, helpers[0].pid, siginfo, WEXITED | WNOWAIT)

@@ -7,6 +7,11 @@ multiprocessing's teardown of daemon children; :mod:`healthkit._runtime` owns th
 (and the fork hook that leaves a forked child's inherited watchdogs inert). Installed lazily
 on the first ``arm()``.
 
+Where a death is judged is the host's (:mod:`healthkit._watchdog._host`): this module keeps
+the records, ``arm()``/``disarm()``, the watcher thread's loop and the actions, and delegates
+to a :class:`~healthkit._watchdog._thread_host.ThreadHost` or a
+:class:`~healthkit._watchdog._sidecar_host.SidecarHost`, picked once by ``mode=``.
+
 Stops are not failures: :mod:`healthkit._watch.stopsignals` records when this process is asked to
 stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
 :class:`healthkit._judge.Judge`) judges each death against the stop episode under way.
@@ -40,9 +45,7 @@ from healthkit._decide import (
     DEFAULT_STOP_GRACE_S,
     Decision,
     OnCleanExit,
-    Verdict,
     check_on_clean_exit,
-    decide,
 )
 from healthkit._diagnose.diagnosis import Diagnosis, ExitDiagnoser, interrupted_wording
 from healthkit._errors import (
@@ -56,10 +59,16 @@ from healthkit._errors import (
 )
 from healthkit._judge import Judge, Watched, early_exit_wording, survived_stop_wording
 from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
-from healthkit._sidecar import SidecarLink
 from healthkit._watch import stopsignals as _stopsignals
 from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watch.stop import stopped_by_healthkit
+from healthkit._watchdog._host import Host
+from healthkit._watchdog._sidecar_host import SidecarHost
+from healthkit._watchdog._thread_host import (
+    ThreadHost,
+    forget_shared_witness,
+    shared_witness_pids,
+)
 
 __all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog", "note_stop_survived"]
 
@@ -96,54 +105,11 @@ def _after_fork_in_child() -> None:
     for wd in list(_ARMED):
         wd._become_inert()
     _ARMED.clear()
-    _WITNESS.forget()
+    forget_shared_witness()
 
 
-class _SharedWitness:
-    """One witness per process, shared by the thread-mode watchdogs armed in it: the rank
-    dies once, and one process is enough to say so."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._link: SidecarLink | None = None
-        self._users: set[int] = set()
-
-    def acquire(self, wd: DisarmableWatchdog, job: _jobnotice.JobScope) -> SidecarLink:
-        with self._lock:
-            link = self._link
-            if link is not None and link.process_watch_status() is not None:
-                link.close()  # it died: a new one for the watchdogs armed from now on
-                link = None
-            if link is None:
-                link = SidecarLink(
-                    name=wd.name, kill_after=wd.kill_after, stop_grace=wd.stop_grace,
-                    witness=True, job=job,
-                )  # fmt: skip
-                self._link = link
-            self._users.add(id(wd))
-            return link
-
-    def release(self, wd: DisarmableWatchdog, timeout: float | None, *, at_exit: bool = False
-                ) -> None:
-        """``at_exit``: this process's interpreter is shutting down: the witness stays until
-        the process is gone (an exit code no error file explains is still a failure)."""
-        with self._lock:
-            self._users.discard(id(wd))
-            if self._users or self._link is None:
-                return
-            link, self._link = self._link, None
-        if at_exit:
-            link.leave()
-        else:
-            link.disarm(timeout)
-
-    def forget(self) -> None:
-        """In a forked child: the witness is the parent's; never touch it."""
-        self._link = None
-        self._users = set()
-
-
-_WITNESS = _SharedWitness()
+#: The hosts, by ``mode=``.
+HOSTS: dict[str, type[Host]] = {host.mode: host for host in (ThreadHost, SidecarHost)}
 
 
 def _install_hooks() -> None:
@@ -201,15 +167,9 @@ class DisarmableWatchdog:
         stop_grace: float = DEFAULT_STOP_GRACE_S,
         job_notice: bool | None = None,
     ) -> None:
-        if mode not in ("thread", "sidecar"):
+        host = HOSTS.get(mode) if isinstance(mode, str) else None
+        if host is None:
             raise InvalidArgumentError(f"mode must be 'thread' or 'sidecar', got {mode!r}", "mode")
-        if mode == "sidecar" and actions is not None:
-            raise InvalidArgumentError(
-                "mode='sidecar' runs fixed actions in another process (log, error file, "
-                "stop this process); use exit_code= to choose the code, or mode='thread' "
-                "for custom actions",
-                "actions",
-            )
         if not isinstance(name, str):
             raise InvalidArgumentTypeError(f"name must be a str, got {name!r}", "name")
         if diagnoser is not None and not isinstance(diagnoser, ExitDiagnoser):
@@ -217,15 +177,10 @@ class DisarmableWatchdog:
                 f"diagnoser must be a healthkit.ExitDiagnoser or None, got {diagnoser!r}",
                 "diagnoser",
             )
-        if mode == "sidecar" and diagnoser is not None and type(diagnoser) is not ExitDiagnoser:
-            raise InvalidArgumentError(
-                "mode='sidecar' builds the diagnoser again in the sidecar process from its "
-                f"settings, so the code of a subclass ({type(diagnoser).__name__}) cannot run "
-                "there: pass a healthkit.ExitDiagnoser, or use mode='thread'",
-                "diagnoser",
-            )
+        host.check(custom_actions=actions is not None, diagnoser=diagnoser)
         self.name = name
         self.mode = mode
+        self._host_type = host
         self._job_notice = _jobnotice.notice_wanted(job_notice) if job_notice is not None else None
         self.on_clean_exit: OnCleanExit = check_on_clean_exit(on_clean_exit)
         self.exit_code = check_exit_code(exit_code, "exit_code")
@@ -261,14 +216,9 @@ class DisarmableWatchdog:
         self._owner_pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._set: WatchSet | None = None
-        self._sidecar: SidecarLink | None = None
-        self._sidecar_watch: ProcessWatch | None = None
-        self._witness: SidecarLink | None = None  # thread mode under a launcher: see arm()
-        self._witness_watch: ProcessWatch | None = None
+        self._host: Host | None = None  # while armed: where deaths are judged
         self._job: _jobnotice.JobScope | None = None
         self._progress: list[ProgressWatch] = []
-        self._trackers: dict[int, Tracker] = {}  # id(progress watch) -> tracker (thread mode)
-        self._witnessed = False  # holds a use of this process's stop-signal witness
         self._judge = Judge(
             name=self.name,
             log=logger,
@@ -311,7 +261,8 @@ class DisarmableWatchdog:
     @property
     def sidecar_pid(self) -> int | None:
         """The pid of the sidecar watcher while armed in ``mode="sidecar"``."""
-        return self._sidecar.pid if self._sidecar is not None else None
+        host = self._host
+        return host.sidecar_pid if host is not None else None
 
     @property
     def watches(self) -> list[ProcessWatch]:
@@ -348,18 +299,17 @@ class DisarmableWatchdog:
             if not self._armed or self._inert or os.getpid() != self._owner_pid:
                 return
             Judge.resume(list(self._records.values()), at)
-            for tracker in self._trackers.values():
-                if tracker.due is not None:
-                    tracker.due = min(tracker.due, at)
+            if self._host is not None:
+                self._host.stop_survived(at)
             watch_set = self._set
         if watch_set is not None:
             watch_set.wake()
 
     def _died_at(self, record: Watched) -> float | None:
-        """When the witness saw ``record``'s process end, on its own clock (thread mode)."""
-        if not self._witnessed:
-            return None
-        return _stopsignals.died_at(record.pid, record.start_time)
+        """When the stop-signal witness saw ``record``'s process end, on its own clock, if
+        this watchdog's host keeps one (thread mode)."""
+        host = self._host
+        return host.died_at(record) if host is not None else None
 
     def _episode(self, now: float) -> _stopsignals.StopEpisode | None:
         """This process's stop episode at ``now``; in an interactive shell an interrupt
@@ -394,10 +344,8 @@ class DisarmableWatchdog:
             self._records[id(watch)] = record
             self._by_pid[record.pid] = record
             if self._armed and not self._inert:
-                if self._sidecar is not None:
-                    self._sidecar.watch(record)
-                if self._witnessed:
-                    _stopsignals.witness_watch([(record.pid, record.start_time)])
+                if self._host is not None:
+                    self._host.watch(record)
                 if self._set is not None:
                     self._set.add(watch)
             return watch
@@ -415,48 +363,9 @@ class DisarmableWatchdog:
             if any(p is progress for p in self._progress):
                 return progress
             self._progress.append(progress)
-            if self._armed and not self._inert:
-                self._start_progress(progress)
+            if self._armed and not self._inert and self._host is not None:
+                self._host.start_progress(progress)
         return progress
-
-    def _start_progress(self, progress: ProgressWatch) -> None:
-        link = self._sidecar
-        if link is not None:
-            link.progress(progress)
-            progress.add_poke(link.expect)
-            return
-        tracker = Tracker.of(progress)
-        self._trackers[id(progress)] = tracker
-        progress.add_poke(self._poke_watcher)
-        watch_set = self._set
-        if tracker.bell is not None and watch_set is not None:
-
-            def rung() -> None:  # a call began while no timer was set: look
-                tracker.drain()
-                watch_set.wake()
-
-            watch_set.add_fd(tracker.bell, rung)
-        self._poke_watcher()
-
-    def _stop_progress(self, link: SidecarLink | None) -> list[Tracker]:
-        """Stop the pokes; returns the trackers, for the caller to close once the watcher
-        thread no longer reads them."""
-        for progress in self._progress:
-            progress.remove_poke(self._poke_watcher)
-            if link is not None:
-                progress.remove_poke(link.expect)
-        trackers = list(self._trackers.values())
-        self._trackers.clear()
-        watch_set = self._set
-        for tracker in trackers:
-            if tracker.bell is not None and watch_set is not None:
-                watch_set.remove_fd(tracker.bell)
-        return trackers
-
-    def _poke_watcher(self) -> None:
-        watch_set = self._set
-        if watch_set is not None:
-            watch_set.wake()
 
     def arm(self) -> DisarmableWatchdog:
         """Start watching. Idempotent: a second call starts nothing. Inert in a forked child.
@@ -503,49 +412,13 @@ class DisarmableWatchdog:
             _ARMED.add(self)
             watch_set = WatchSet(r.watch for r in self._records.values() if r.watch is not None)
             self._job = self._join_job(job_wanted)
-            if self.mode == "sidecar" and not self._interactive:
-                link = SidecarLink(
-                    name=self.name,
-                    kill_after=self.kill_after,
-                    stop_grace=self.stop_grace,
-                    job=self._job,
-                    diagnoser=self._diagnoser._settings(),
-                    rss_sample_interval=self.rss_sample_interval,
-                )
-                self._sidecar = link
-                for record in self._records.values():
-                    link.watch(record)
-                self._sidecar_watch = link.process_watch()
-                watch_set.add(self._sidecar_watch)
-                # What the sidecar asks of this process: its log lines for handlers it
-                # cannot write through, and a failure to publish while its own link to the
-                # job's store is still coming up.
-                fd = link.fileno()
-
-                def take_messages() -> None:
-                    if not link.take_messages():
-                        watch_set.remove_fd(fd)  # closed: its death is seen on its own
-
-                watch_set.add_fd(fd, take_messages)
-            else:
-                if not self._witnessed:
-                    # The watcher thread judges: a witness in this process's group records
-                    # the group's stop signals where no library can take them away.
-                    self._witnessed = _stopsignals.acquire_witness()
-                if self._witnessed:
-                    _stopsignals.witness_watch(
-                        (r.pid, r.start_time) for r in self._records.values() if r.watch is not None
-                    )
-                if self._job is not None and not self._interactive:
-                    # Beside the rank: names the rank's own death (an OOM kill of the
-                    # trainer itself) in its error file and tells the job. It imports
-                    # nothing heavy unless the rank dies.
-                    self._witness = _WITNESS.acquire(self, self._job)
-                    self._witness_watch = self._witness.process_watch()
-                    watch_set.add(self._witness_watch)
+            host_type = self._host_type
+            if self._interactive and not host_type.runs_in_shell:
+                host_type = ThreadHost  # said at WARNING by _for_interactive_shell
             self._set = watch_set
+            self._host = host_type(self, watch_set)
             for progress in self._progress:
-                self._start_progress(progress)
+                self._host.start_progress(progress)
             self._thread = threading.Thread(
                 target=self._run, name=f"{self.name} (thread)", daemon=True
             )
@@ -554,7 +427,7 @@ class DisarmableWatchdog:
 
     def _join_job(self, wanted: bool) -> _jobnotice.JobScope | None:
         """Under a launcher that gives the job a store (torchrun): start this process's
-        link to it and, in thread mode, follow the other ranks' failures. An interactive
+        link to it and hear the other ranks' failures (the host acts on them). An interactive
         session never follows (its kernel is not a rank to end)."""
         if not wanted:
             return None
@@ -562,20 +435,14 @@ class DisarmableWatchdog:
         if link is None:
             return None
         if not self._interactive:
-            _runtime.subscribe(
-                _runtime.JOB_FAILURE,
-                self._follow if self.mode == "thread" else self._tell_sidecar,
-            )
+            _runtime.subscribe(_runtime.JOB_FAILURE, self._on_job_failure)
         return link.scope
 
-    def _tell_sidecar(self, failure: _jobnotice.JobFailure) -> None:
-        """Sidecar mode: this process's link (up as soon as torch is imported here) passes
-        another rank's notice on to the sidecar, whose own link may still be coming up (it
-        imports torch in the background after arm()). Whichever hears first, the sidecar
-        acts once; if this process's GIL is held, the sidecar's own link still hears it."""
-        sidecar = self._sidecar
-        if sidecar is not None and self._armed:
-            sidecar.notice(failure)
+    def _on_job_failure(self, failure: _jobnotice.JobFailure) -> None:
+        with self._lock:  # arm() may be building the host right now
+            host = self._host
+        if host is not None:
+            host.on_job_failure(failure)
 
     def _follow(self, failure: _jobnotice.JobFailure) -> None:
         """Another rank failed first: this rank stops too, naming that failure (the
@@ -617,9 +484,9 @@ class DisarmableWatchdog:
             "actions= to choose otherwise",
             self.name,
             type(shell).__name__,
-            "; mode='sidecar' would stop the kernel, so a thread watches instead (it cannot "
-            "act while a call holds the GIL)"
-            if self.mode == "sidecar"
+            f"; mode={self.mode!r} would stop the kernel, so a thread watches instead (it "
+            "cannot act while a call holds the GIL)"
+            if not self._host_type.runs_in_shell
             else "",
         )
 
@@ -644,11 +511,9 @@ class DisarmableWatchdog:
             _ARMED.discard(self)
             thread, self._thread = self._thread, None
             watch_set, self._set = self._set, None
-            sidecar, self._sidecar = self._sidecar, None
-            witness, self._witness = self._witness, None
-            trackers = self._stop_progress(sidecar)
-        _runtime.unsubscribe(_runtime.JOB_FAILURE, self._follow)
-        _runtime.unsubscribe(_runtime.JOB_FAILURE, self._tell_sidecar)
+            host, self._host = self._host, None
+            trackers = host.stop_progress() if host is not None else []
+        _runtime.unsubscribe(_runtime.JOB_FAILURE, self._on_job_failure)
         logger.debug("%s disarmed (%s)", self.name, reason)
         if watch_set is not None:
             watch_set.wake()
@@ -659,14 +524,8 @@ class DisarmableWatchdog:
                 tracker.close()
         if watch_set is not None:
             watch_set.close()
-        if sidecar is not None:
-            sidecar.disarm(timeout)
-        if witness is not None:
-            _WITNESS.release(self, timeout, at_exit=reason == _AT_SHUTDOWN)
-        with self._lock:
-            witnessed, self._witnessed = self._witnessed, False
-        if witnessed:
-            _stopsignals.release_witness()
+        if host is not None:
+            host.close(timeout, at_exit=reason == _AT_SHUTDOWN)
         for action in self.actions:
             release = getattr(action, "release", None)
             if release is not None:
@@ -683,12 +542,6 @@ class DisarmableWatchdog:
         self._by_pid = {r.pid: r for r in self._records.values()}
         for r in self._records.values():  # a new arm() judges what it sees afresh
             r.settled, r.deferred = False, None
-        if self._sidecar_watch is not None:
-            self._sidecar_watch.close()
-            self._sidecar_watch = None
-        if self._witness_watch is not None:
-            self._witness_watch.close()
-            self._witness_watch = None
         if self._owns_diagnoser and self._diagnoser is not None:
             self._diagnoser.close()
             self._diagnoser, self._owns_diagnoser = None, False
@@ -715,33 +568,9 @@ class DisarmableWatchdog:
         """
         if not self._armed or self._inert or os.getpid() != self._owner_pid:
             return
-        now = time.monotonic()
-        for record in list(self._records.values()):
-            if record.settled or record.watch is None:
-                continue
-            status = record.status or record.watch.peek()
-            if status is None:
-                continue
-            link = self._sidecar
-            if link is None:
-                with self._judging:
-                    self._judge.judge(record, status, now=now, owner_exiting=True)
-                continue
-            # The sidecar decides: ask the same rule whether it is about to act, and if so
-            # give it the time it needs (it stops this process) instead of standing it down.
-            decision = decide(
-                status,
-                armed=True,
-                on_clean_exit=record.on_clean_exit,
-                stopped_by_healthkit=stopped_by_healthkit(record.pid, record.start_time),
-                stop=self._episode(now),
-                stop_grace=self.stop_grace,
-                now=now,
-                owner_exiting=True,
-            )
-            if decision.verdict is Verdict.FIRE:
-                link.wait_for_action(self.kill_after + 5.0)
-                return
+        host = self._host
+        if host is not None:
+            host.before_shutdown(time.monotonic())
         if self._fired is not None:
             self._actions_done.wait(5.0)  # the watcher thread may be running them right now
 
@@ -752,11 +581,9 @@ class DisarmableWatchdog:
         self._armed = False
         self._thread = None
         self._set = None
-        self._sidecar = None
-        self._sidecar_watch = None
-        self._witness = None
-        self._witness_watch = None
-        self._witnessed = False
+        host, self._host = self._host, None
+        if host is not None:
+            host.become_inert()
 
     def _run(self) -> None:
         try:
@@ -775,8 +602,8 @@ class DisarmableWatchdog:
             else None
         )
         while True:
-            due = [t for t in (Judge.next_due(self._pending()), next_sample) if t is not None]
-            due.extend(t.due for t in list(self._trackers.values()) if t.due is not None)
+            host = self._host
+            due = [t for t in (host.next_due() if host else None, next_sample) if t is not None]
             timeout = max(0.0, min(due) - time.monotonic()) if due else None
             try:
                 ended = watch_set.wait(timeout)
@@ -793,45 +620,15 @@ class DisarmableWatchdog:
                 next_sample = time.monotonic() + (self.rss_sample_interval or 0.0)
             for watch in ended:
                 watch_set.remove(watch)
-                if watch is self._sidecar_watch:
-                    self._sidecar_died(watch)
-                    continue
-                if watch is self._witness_watch:
-                    self._witness_died(watch)
-                    continue
+                host = self._host
+                if host is None or host.own_ended(watch):
+                    continue  # disarmed meanwhile, or the host's own process (a sidecar)
                 record = self._records.get(id(watch))
-                if record is None:
-                    continue
-                link = self._sidecar
-                if link is not None:
-                    # The sidecar decides; it may not be able to read the status itself
-                    # (this process may have reaped the helper first), so tell it.
-                    link.status(watch.pid, watch.poll())
-                else:
-                    with self._judging:
-                        self._judge.judge(record, watch.poll())
-            if self._sidecar is None:
-                with self._judging:
-                    self._judge.expire(self._pending())
-                self._look_progress()
-
-    def _look_progress(self) -> None:
-        """Look at each progress page that is due, or not timed yet (a wait may have begun:
-        that is what woke us). A page looked at while idle sets no timer."""
-        now = time.monotonic()
-        for tracker in list(self._trackers.values()):
-            if tracker.due is not None and tracker.due > now:
-                continue
-            decision, quiet = tracker.look(
-                now,
-                armed=self._armed,
-                stop=self._episode,
-                stop_grace=self.stop_grace,
-            )
-            if decision.verdict is Verdict.FIRE and quiet is not None:
-                self._fire_stall(tracker, quiet)
-            elif decision.verdict is Verdict.DEFER:
-                logger.warning("%s: %s stalled; %s", self.name, tracker.name, decision.reason)
+                if record is not None:
+                    host.on_death(record, watch.poll())
+            host = self._host
+            if host is not None:
+                host.expire()
 
     def _fire_stall(self, tracker: Tracker, quiet: float) -> None:
         with self._lock:
@@ -849,9 +646,6 @@ class DisarmableWatchdog:
         if self._job is not None:
             _jobnotice.publish_diagnosis(brief)  # the stacks stay in this rank's own report
         self._run_actions(FailureEvent(explain, self.name, brief=brief))
-
-    def _pending(self) -> list[Watched]:
-        return [r for r in list(self._records.values()) if r.deferred is not None]
 
     def _watcher_failed(self, exc: BaseException) -> None:
         """The watcher itself broke: never stay silently blind. Say so at ERROR and show it
@@ -874,49 +668,14 @@ class DisarmableWatchdog:
         except Exception:
             logger.debug("disarm after a watcher failure failed", exc_info=True)
 
-    def _sidecar_died(self, watch: ProcessWatch) -> None:
-        """The sidecar is gone while armed: say so loudly and watch from this thread."""
+    def _host_lost(self, lost: Host) -> None:
+        """``lost`` (a sidecar) died while armed and said so: a thread host takes over."""
         with self._lock:
-            link = self._sidecar
-            if not self._armed or link is None:
+            if not self._armed or self._host is not lost or self._set is None:
                 return
-            self._sidecar = None
-            assert self._diagnoser is not None
-            diagnosis = self._diagnoser.diagnose(watch, name="healthkit sidecar")
-        logger.error(
-            "%s: %s. Watching from a thread in this process from now on (it cannot act "
-            "while this process's main thread holds the GIL)",
-            self.name,
-            diagnosis,
-        )
-        flush_logging(logger)
-        if self._set is not None:
-            self._set.remove_fd(link.fileno())  # its log relay, if any: closed next
-        link.close()
-        with self._lock:
-            for tracker in self._stop_progress(link):
-                tracker.close()
-            for progress in self._progress:
-                self._start_progress(progress)
-        for r in list(self._records.values()):
-            if r.watch is not None and r.watch.status is not None and not r.watch.closed:
-                with self._judging:
-                    self._judge.judge(r, r.watch.status)  # ended while the sidecar decided
-
-    def _witness_died(self, watch: ProcessWatch) -> None:
-        """The witness is gone while armed: helpers are still watched from here, but this
-        rank's own death would no longer be named. Said once, at WARNING."""
-        with self._lock:
-            witness, self._witness = self._witness, None
-            if not self._armed or witness is None:
-                return
-        _WITNESS.release(self, 0)
-        logger.warning(
-            "%s: the process beside this rank that names its own death is gone (%s); "
-            "helpers are still watched",
-            self.name,
-            watch.poll(),
-        )
+            replacement = ThreadHost(self, self._set, witnesses=False)
+            self._host = replacement
+        replacement.take_over()
 
     def _brief(self, record: Watched, status: ExitStatus) -> Diagnosis:
         diagnoser = self._diagnoser
@@ -988,12 +747,10 @@ def note_stop_survived() -> None:
     :meth:`DisarmableWatchdog.note_stop_survived`."""
     sidecars = []
     for wd in list(_ARMED):
-        link = wd._sidecar
-        if link is not None and wd._owner_pid == os.getpid():
-            sidecars.append(link.pid)
-    witness = _WITNESS._link
-    if witness is not None:
-        sidecars.append(witness.pid)
+        pid = wd.sidecar_pid
+        if pid is not None and wd._owner_pid == os.getpid():
+            sidecars.append(pid)
+    sidecars.extend(shared_witness_pids())
     at = _stopsignals.note_stop_survived(witnesses=sidecars)
     if at is None:
         return
