@@ -3,26 +3,26 @@
 ==========================  ====================================================================
 module                      what it holds
 ==========================  ====================================================================
-``_core``                   ``DisarmableWatchdog``: the watched records, ``arm()``/``disarm()``,
+``core``                    ``DisarmableWatchdog``: the watched records, ``arm()``/``disarm()``,
                             the watcher thread's loop, the actions, the exit and fork hooks;
                             ``mode=`` picks the host once (``HOSTS``)
-``_host``                   ``Host``: what a host does with a death, a stop survived, progress,
+``host``                    ``Host``: what a host does with a death, a stop survived, progress,
                             another rank's failure, shutdown and its own loss
-``_thread_host``            ``mode="thread"``: judge in the watcher thread, run the owner's
+``thread_host``             ``mode="thread"``: judge in the watcher thread, run the owner's
                             actions; the stop-signal and job witnesses beside the owner
-``_sidecar_host``           ``mode="sidecar"``: a sidecar judges; the owner tells it what it
+``sidecar_host``            ``mode="sidecar"``: a sidecar judges; the owner tells it what it
                             learns; a thread host takes over if it dies
-``_protocol``               every message and channel between an owner and its sidecar, and
+``protocol``                every message and channel between an owner and its sidecar, and
                             the command line that starts the sidecar
-``_sidecar_link``           the owner's end of a sidecar (``SidecarLink``)
-``_sidecar_process``        the sidecar process itself (its ``main``)
-``_link_process``           the sidecar's own link to the job's store, a process of its own
-``_logging_transfer``       the owner's log handlers carried into the sidecar, and the relay
+``sidecar_link``            the owner's end of a sidecar (``SidecarLink``)
+``sidecar_process``         the sidecar process itself (its ``main``)
+``link_process``            the sidecar's own link to the job's store, a process of its own
+``logging_transfer``        the owner's log handlers carried into the sidecar, and the relay
                             of its lines back to the owner
 ==========================  ====================================================================
 """
 
-from healthkit._watchdog._core import DEFAULT_STOP_GRACE_S, DisarmableWatchdog, note_stop_survived
-from healthkit._watchdog._sidecar_link import SidecarError
+from healthkit._watchdog.core import DEFAULT_STOP_GRACE_S, DisarmableWatchdog, note_stop_survived
+from healthkit._watchdog.sidecar_link import SidecarError
 
 __all__ = ["DEFAULT_STOP_GRACE_S", "DisarmableWatchdog", "SidecarError", "note_stop_survived"]

@@ -30,7 +30,7 @@ def _witnesses() -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if b"-I" in cmd and any(b"healthkit._watchdog._sidecar_process" in part for part in cmd):
+        if b"-I" in cmd and any(b"healthkit._watchdog.sidecar_process" in part for part in cmd):
             out.append(pid)
     return out
 

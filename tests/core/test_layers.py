@@ -96,7 +96,7 @@ def test_the_watchdog_layer_map_holds() -> None:
     unmapped = [p.name for p in layer if f"`_watchdog/{p.name}`" not in architecture]
     assert not unmapped, f"modules missing from docs/architecture.md's map: {unmapped}"
     branch = re.compile(r"mode ==|mode !=|\._sidecar\b")
-    hosts = ("_host.py", "_thread_host.py", "_sidecar_host.py")
+    hosts = ("host.py", "thread_host.py", "sidecar_host.py")
     branches = [
         f"{p.relative_to(ROOT)}:{n}"
         for p in (ROOT / "healthkit").rglob("*.py")
@@ -105,15 +105,15 @@ def test_the_watchdog_layer_map_holds() -> None:
         if branch.search(line)
     ]
     assert not branches, branches
-    sidecar_import = re.compile(r"^\s*(from|import)\s+healthkit\._watchdog\._sidecar_process", re.M)
+    sidecar_import = re.compile(r"^\s*(from|import)\s+healthkit\._watchdog\.sidecar_process", re.M)
     importers = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "healthkit").rglob("*.py")
-        if p.name != "_protocol.py" and sidecar_import.search(p.read_text())
+        if p.name != "protocol.py" and sidecar_import.search(p.read_text())
     ]
     assert not importers, importers
-    assert "from healthkit._watchdog._sidecar_process import main" in (
-        ROOT / "healthkit" / "_watchdog" / "_protocol.py"
+    assert "from healthkit._watchdog.sidecar_process import main" in (
+        ROOT / "healthkit" / "_watchdog" / "protocol.py"
     ).read_text()
 
 

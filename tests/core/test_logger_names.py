@@ -47,14 +47,14 @@ def test_each_package_logs_under_its_own_name_in_the_healthkit_tree(expected: st
 def test_the_core_modules_log_to_the_healthkit_logger() -> None:
     import healthkit._actions
     from healthkit._watchdog import (
-        _core,
-        _link_process,
-        _logging_transfer,
-        _sidecar_link,
-        _sidecar_process,
+        core,
+        link_process,
+        logging_transfer,
+        sidecar_link,
+        sidecar_process,
     )
 
-    modules = (_core, _link_process, _logging_transfer, _sidecar_link, _sidecar_process)
+    modules = (core, link_process, logging_transfer, sidecar_link, sidecar_process)
     for module in (healthkit._actions, *modules):
         assert module.logger is logging.getLogger("healthkit")
     assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")

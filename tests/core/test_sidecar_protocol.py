@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import healthkit
-from healthkit._watchdog import _protocol as p
+from healthkit._watchdog import protocol as p
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,9 +108,9 @@ def test_the_command_starts_the_sidecar_module_of_this_very_package() -> None:
     cmd = p.sidecar_command(5, None)
     assert cmd[1:3] == ["-I", "-c"] and cmd[-2:] == ["5", "-1"]
     assert Path(cmd[4]) == Path(healthkit.__file__).parent
-    module = "healthkit._watchdog._sidecar_process"
+    module = "healthkit._watchdog.sidecar_process"
     assert f"from {module} import main" in cmd[3]
-    assert (Path(cmd[4]) / "_watchdog" / "_sidecar_process.py").is_file()
+    assert (Path(cmd[4]) / "_watchdog" / "sidecar_process.py").is_file()
     link = p.link_command(6, {"run_id": "r"})
     assert link[6:8] == ["link", "6"] and json.loads(link[8]) == {"run_id": "r"}
 

@@ -250,7 +250,7 @@ def test_arm_twice_starts_one_thread_and_watching_twice_is_harmless() -> None:
 def test_an_armed_watchdog_without_references_keeps_watching(mode: str) -> None:
     import gc
 
-    from healthkit._watchdog import _core as _watchdog
+    from healthkit._watchdog import core as _watchdog
 
     p = _start("fork", serve_forever, "helper")
     if mode == "thread":

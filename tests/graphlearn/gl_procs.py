@@ -31,7 +31,7 @@ SKIP_RC = 77  # gl_owner.py exits with this when GL is not installed
 
 
 SERVER_COMM = "gl-sampler-srv"  # the launcher names its server thread so (PR_SET_NAME)
-SIDECAR_MARK = "healthkit._watchdog._sidecar_process"
+SIDECAR_MARK = "healthkit._watchdog.sidecar_process"
 
 
 def open_watch(pid: int, mark: str) -> hk.ProcessWatch | None:

@@ -1,6 +1,6 @@
 """The owner's end of the sidecar: start it, tell it what to watch and what the owner learns,
 hand its relayed log lines to the owner's handlers and publish for it while its own link to the
-job's store is coming up. The messages are in :mod:`healthkit._watchdog._protocol`."""
+job's store is coming up. The messages are in :mod:`healthkit._watchdog.protocol`."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from healthkit._progress import ProgressWatch
 from healthkit._watch import stopsignals as _stopsignals
 from healthkit._watch.process import ExitStatus, ProcessWatch
 from healthkit._watch.stop import stop
-from healthkit._watchdog._logging_transfer import drain_queue, logging_plan
-from healthkit._watchdog._protocol import (
+from healthkit._watchdog.logging_transfer import drain_queue, logging_plan
+from healthkit._watchdog.protocol import (
     OWNER_PUBLISH_WAIT_S,
     START_TIMEOUT_S,
     Config,

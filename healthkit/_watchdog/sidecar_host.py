@@ -5,9 +5,9 @@ server), and then no thread of the owner can run.
 The owner's watcher thread still runs: it tells the sidecar every exit status it learns (the
 owner may reap a helper before the sidecar reads its zombie), passes on another rank's notice,
 hands the sidecar's relayed log lines to the owner's handlers, and notices if the sidecar
-itself dies: that is said at ERROR and a :class:`~healthkit._watchdog._thread_host.ThreadHost`
-takes over. The sidecar process is :mod:`healthkit._watchdog._sidecar_process`; the owner's
-end of the link, :mod:`healthkit._watchdog._sidecar_link`.
+itself dies: that is said at ERROR and a :class:`~healthkit._watchdog.thread_host.ThreadHost`
+takes over. The sidecar process is :mod:`healthkit._watchdog.sidecar_process`; the owner's
+end of the link, :mod:`healthkit._watchdog.sidecar_link`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from healthkit._errors import InvalidArgumentError
 from healthkit._judge import Watched
 from healthkit._progress import ProgressWatch, Tracker
 from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
-from healthkit._watchdog._host import Host
-from healthkit._watchdog._sidecar_link import SidecarLink
+from healthkit._watchdog.host import Host
+from healthkit._watchdog.sidecar_link import SidecarLink
 
 if TYPE_CHECKING:
-    from healthkit._watchdog._core import DisarmableWatchdog
+    from healthkit._watchdog.core import DisarmableWatchdog
 
 __all__ = ["SidecarHost"]
 

@@ -7,10 +7,10 @@ multiprocessing's teardown of daemon children; :mod:`healthkit._runtime` owns th
 (and the fork hook that leaves a forked child's inherited watchdogs inert). Installed lazily
 on the first ``arm()``.
 
-Where a death is judged is the host's (:mod:`healthkit._watchdog._host`): this module keeps
+Where a death is judged is the host's (:mod:`healthkit._watchdog.host`): this module keeps
 the records, ``arm()``/``disarm()``, the watcher thread's loop and the actions, and delegates
-to a :class:`~healthkit._watchdog._thread_host.ThreadHost` or a
-:class:`~healthkit._watchdog._sidecar_host.SidecarHost`, picked once by ``mode=``.
+to a :class:`~healthkit._watchdog.thread_host.ThreadHost` or a
+:class:`~healthkit._watchdog.sidecar_host.SidecarHost`, picked once by ``mode=``.
 
 Stops are not failures: :mod:`healthkit._watch.stopsignals` records when this process is asked to
 stop, and the firing rule (:func:`healthkit._decide.decide`, applied by
@@ -62,9 +62,9 @@ from healthkit._progress import ProgressWatch, Tracker, stall_diagnosis
 from healthkit._watch import stopsignals as _stopsignals
 from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 from healthkit._watch.stop import stopped_by_healthkit
-from healthkit._watchdog._host import Host
-from healthkit._watchdog._sidecar_host import SidecarHost
-from healthkit._watchdog._thread_host import (
+from healthkit._watchdog.host import Host
+from healthkit._watchdog.sidecar_host import SidecarHost
+from healthkit._watchdog.thread_host import (
     ThreadHost,
     forget_shared_witness,
     shared_witness_pids,

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from healthkit._watchdog._protocol import Flush, Log, encode
+from healthkit._watchdog.protocol import Flush, Log, encode
 
 __all__ = ["SIDECAR_FORMAT", "apply_logging_plan", "drain_queue", "logging_plan", "RelayHandler"]
 

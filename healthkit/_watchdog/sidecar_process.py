@@ -38,11 +38,11 @@ is readable, it is a zombie, or SIGKILL is pending for it; end-of-file alone is 
 forked children of the owner inherit its end of the socket).
 
 Protocol: every message and every other channel between the owner and this process is in
-:mod:`healthkit._watchdog._protocol`. The owner's end is
-:class:`healthkit._watchdog._sidecar_link.SidecarLink`.
+:mod:`healthkit._watchdog.protocol`. The owner's end is
+:class:`healthkit._watchdog.sidecar_link.SidecarLink`.
 
 Under a launcher's job, sidecar mode: the sidecar starts its own link to the job's store in a
-*link process* of its own (:mod:`healthkit._watchdog._link_process`: importing torch there
+*link process* of its own (:mod:`healthkit._watchdog.link_process`: importing torch there
 does not stall the sidecar's loop).
 """
 
@@ -78,9 +78,9 @@ from healthkit._watch import stopsignals as _stopsignals
 from healthkit._watch.process import UNKNOWN_NOT_PERMITTED, ExitStatus, ProcessWatch, WatchSet
 from healthkit._watch.stop import stop, watch_tree
 from healthkit._watch.stopsignals import STOP_SIGNALS, Signal, StopEpisode, current_episode
-from healthkit._watchdog._link_process import LinkProcess, link_main
-from healthkit._watchdog._logging_transfer import SIDECAR_FORMAT, RelayHandler, apply_logging_plan
-from healthkit._watchdog._protocol import (
+from healthkit._watchdog.link_process import LinkProcess, link_main
+from healthkit._watchdog.logging_transfer import SIDECAR_FORMAT, RelayHandler, apply_logging_plan
+from healthkit._watchdog.protocol import (
     NOTICE_FLUSH_S,
     OWNER_LOGGED_WAIT_S,
     OWNER_PUBLISH_WAIT_S,

@@ -38,7 +38,7 @@ Messages, owner -> sidecar:
 ==================  =========================================================================
 :class:`Config`     ``owner_pid``, ``owner_pgrp``, ``name``, ``kill_after``, ``stop_grace``,
                     ``second_look``, ``logging`` (the plan of
-                    :func:`healthkit._watchdog._logging_transfer.logging_plan`), ``witness``,
+                    :func:`healthkit._watchdog.logging_transfer.logging_plan`), ``witness``,
                     ``job``, ``error_file``, ``diagnoser`` (the owner's diagnoser's
                     settings), ``rss_sample_interval``; answered by ``ready``
 :class:`Watch`      ``pid``, ``name``, ``start_time``, ``on_clean_exit``, ``pgrp``, ``ended``,
@@ -137,7 +137,7 @@ spec = importlib.util.spec_from_file_location(
 module = importlib.util.module_from_spec(spec)
 sys.modules["healthkit"] = module
 spec.loader.exec_module(module)
-from healthkit._watchdog._sidecar_process import main
+from healthkit._watchdog.sidecar_process import main
 sys.exit(main(sys.argv[3:]))
 """
 #: Interpreter start-up on a loaded 2-core machine: how long the owner waits for an answer.

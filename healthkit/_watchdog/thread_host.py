@@ -22,11 +22,11 @@ from healthkit._judge import Judge, Watched
 from healthkit._progress import ProgressWatch, Tracker
 from healthkit._watch import stopsignals as _stopsignals
 from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
-from healthkit._watchdog._host import Host
-from healthkit._watchdog._sidecar_link import SidecarLink
+from healthkit._watchdog.host import Host
+from healthkit._watchdog.sidecar_link import SidecarLink
 
 if TYPE_CHECKING:
-    from healthkit._watchdog._core import DisarmableWatchdog
+    from healthkit._watchdog.core import DisarmableWatchdog
 
 __all__ = ["ThreadHost", "forget_shared_witness", "shared_witness_pids"]
 

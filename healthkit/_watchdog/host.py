@@ -1,13 +1,13 @@
 """Where a watchdog's judgement runs: the interface its two hosts implement.
 
-:class:`healthkit._watchdog._core.DisarmableWatchdog` keeps the records, ``arm()``/``disarm()``
+:class:`healthkit._watchdog.core.DisarmableWatchdog` keeps the records, ``arm()``/``disarm()``
 and one watcher thread in the owner (in both modes: it is what sees the watched pidfds end
 first). What happens to a death it sees, and what else runs beside the owner, is the host's:
 
-* :class:`healthkit._watchdog._thread_host.ThreadHost` judges in that thread and runs the
+* :class:`healthkit._watchdog.thread_host.ThreadHost` judges in that thread and runs the
   owner's actions; beside the rank, a stop-signal witness and (under a launcher's job) a job
   witness that names the rank's own death;
-* :class:`healthkit._watchdog._sidecar_host.SidecarHost` hands the judgement to a sidecar
+* :class:`healthkit._watchdog.sidecar_host.SidecarHost` hands the judgement to a sidecar
   process (the owner's GIL may be held) and tells it what the owner learns; if the sidecar
   dies, the watchdog says so at ERROR and a thread host takes over (:meth:`Host.take_over`).
 
@@ -26,7 +26,7 @@ from healthkit._watch.process import ExitStatus, ProcessWatch, WatchSet
 
 if TYPE_CHECKING:
     from healthkit import _jobnotice
-    from healthkit._watchdog._core import DisarmableWatchdog
+    from healthkit._watchdog.core import DisarmableWatchdog
 
 __all__ = ["Host"]
 

@@ -13,7 +13,7 @@ import subprocess
 import threading
 
 from healthkit import _jobnotice, _runtime
-from healthkit._watchdog._protocol import (
+from healthkit._watchdog.protocol import (
     NOTICE_FLUSH_S,
     LineReader,
     Message,
