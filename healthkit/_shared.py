@@ -2,10 +2,12 @@
 
 ``healthkit_glt``, ``healthkit_graphlearn`` and ``healthkit_torch`` refuse bad input with the
 core's errors (:class:`healthkit.InvalidArgumentError` naming the argument, the same message
-shapes) through these validators, and make the names they export report their public module
-through :func:`publish`. This module is not public API: the four distributions are released
-together under one version (``healthkit/_version.py``), so it changes with them, and
-``tests/core/test_layers.py`` checks that only they import it. What an application or an
+shapes) through these validators, make the names they export report their public module
+through :func:`publish`, and read ``/proc`` through the core's readers
+(:func:`sysv_shm_segments`: healthkit_glt's channel segment). This module is not public
+API: the four distributions are released together under one version
+(``healthkit/_version.py``), so it changes with them, and ``tests/core/test_layers.py``
+checks that only they import it. What an application or an
 extender composes is in :mod:`healthkit.lowlevel`.
 """
 
@@ -23,6 +25,7 @@ from healthkit._errors import (
     check_seconds,
     check_timeout,
 )
+from healthkit._os.proc import sysv_shm_segments
 
 __all__ = [
     "check_bool",
@@ -34,6 +37,7 @@ __all__ = [
     "check_seconds",
     "check_timeout",
     "publish",
+    "sysv_shm_segments",
 ]
 
 

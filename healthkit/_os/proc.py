@@ -36,6 +36,7 @@ __all__ = [
     "TaskWait",
     "read_task_wait",
     "status_ids",
+    "sysv_shm_segments",
 ]
 
 _log = logging.getLogger("healthkit")
@@ -651,3 +652,17 @@ def read_task_wait(pid: int, proc_root: str = "/proc") -> list[TaskWait] | None:
             )
         )
     return out
+
+
+def sysv_shm_segments(proc_root: str = "/proc") -> list[dict[str, str]]:
+    """Every SysV shared-memory segment, as ``<proc_root>/sysvipc/shm`` lists it: one dict
+    per segment, column name to value (``shmid``, ``perms`` in octal, ``cpid``, ``nattch``...).
+
+    The one reader of that file: healthkit_glt follows its channel's segment with it, and
+    tests/glt check for leaked segments. Unlike the readers above it raises ``OSError`` when
+    the file cannot be read: "no segment" and "cannot tell" must not look alike to a leak
+    check.
+    """
+    with open(os.path.join(path_arg(proc_root, "proc_root"), "sysvipc", "shm")) as f:
+        header = f.readline().split()
+        return [dict(zip(header, line.split(), strict=False)) for line in f]

@@ -456,6 +456,12 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
         "owner_exiting": Case(lambda e: lowlevel.decide(None, armed=True, owner_exiting=0), T),
         "owner_gone": Case(lambda e: lowlevel.decide(None, armed=True, owner_gone=None), T),
     },
+    "healthkit.lowlevel.EndingClassifier": {
+        "name": Case(lambda e: lowlevel.EndingClassifier(5), T),  # type: ignore[arg-type]
+        "stop_grace": [Case(lambda e: lowlevel.EndingClassifier(stop_grace=-1)),
+                       Case(lambda e: lowlevel.EndingClassifier(stop_grace="35"), T)],  # type: ignore[arg-type]
+        "log": Case(lambda e: lowlevel.EndingClassifier(log="healthkit"), T),  # type: ignore[arg-type]
+    },
     "healthkit.lowlevel.decide_stall": {
         "quiet_for": [Case(lambda e: lowlevel.decide_stall("1", stall_timeout=1, armed=True), T),
                       Case(lambda e: lowlevel.decide_stall(-1, stall_timeout=1, armed=True), T)],
@@ -501,6 +507,9 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
     },
     "healthkit.lowlevel.set_thread_name": {"name": Case(lambda e: lowlevel.set_thread_name(5), T)},
     "healthkit.lowlevel.stop_like": {"status": Case(lambda e: lowlevel.stop_like(-15), T)},
+    "healthkit._shared.sysv_shm_segments": {
+        "proc_root": Case(lambda e: _shared.sysv_shm_segments(5), T),  # type: ignore[arg-type]
+    },
     "healthkit._shared.check_bool": {
         "value": Case(lambda e: _shared.check_bool(1, "flag"), T, "flag")
     },

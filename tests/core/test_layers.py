@@ -118,13 +118,14 @@ def test_the_watchdog_layer_map_holds() -> None:
 
 
 #: The library's layers, lowest first (docs/architecture.md, "The layout"). A module may import
-#: its own layer and those below; the errors, the runtime (process-wide state), the shared
-#: validators and the version stand under every layer. Everything else in ``healthkit/``
-#: (the rule, the primitives, the watchdog and its hosts, the public modules) stands on the
-#: diagnosis layer, and the command (``_tools``, ``python -m healthkit``) on everything.
+#: its own layer and those below; the errors, the runtime (process-wide state) and the
+#: version stand under every layer. Everything else in ``healthkit/`` (the rule, the
+#: primitives, the watchdog and its hosts, the public modules, and ``_shared``, which hands
+#: the sibling packages validators and readers from every layer) stands on the diagnosis
+#: layer, and the command (``_tools``, ``python -m healthkit``) on everything.
 LAYERS = {"_os": 0, "_watch": 1, "_diagnose": 2, "_tools": 4, "__main__": 4}
 TOP = 3
-BASE = {"_errors", "_runtime", "_shared", "_version"}
+BASE = {"_errors", "_runtime", "_version"}
 
 
 def _layer(module: str) -> int:

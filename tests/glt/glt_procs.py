@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from healthkit._os.proc import sysv_shm_segments
 from healthkit.lowlevel import children, read_proc_stat
 
 HANG_LOGS = Path(__file__).resolve().parent.parent.parent / "build" / "test-logs"
@@ -91,10 +92,8 @@ def pids_in_group(pgid: int, include_zombies: bool = False) -> list[int]:
 
 
 def sysv_shm_rows() -> list[dict[str, str]]:
-    """Every SysV shared-memory segment, as ``/proc/sysvipc/shm`` lists it (column: value)."""
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        return [dict(zip(header, line.split(), strict=False)) for line in f]
+    """Every SysV shared-memory segment (column: value), by the core's one reader."""
+    return sysv_shm_segments()
 
 
 def sysv_shm_created_by(creator_pids: Sequence[int]) -> list[int]:

@@ -116,6 +116,26 @@ def rpc_timeout_reporting_loop(ctx: Any) -> None:
         hg.teardown_sampling_worker(sampler)
 
 
+def rank1_raises_mid_epoch_loop(ctx: Any) -> None:
+    """Default life, but worker 1 raises once the epoch's first command came (past the
+    barrier, the consumer waiting in recv()): an error of the worker itself, not of a
+    sampling call, so it ends the worker (exit code 1) through its teardown."""
+    import healthkit_glt as hg
+
+    if ctx.rank != 1:
+        hg.default_worker_loop(ctx)
+        return
+    sampler = None
+    try:
+        hg.init_sampling_worker(ctx)
+        sampler = hg.start_sampler(ctx)
+        hg.pass_init_barrier(ctx)
+        ctx.task_queue.get()  # the epoch's SAMPLE_ALL
+        raise RuntimeError("feature store connection lost (injected by the test)")
+    finally:
+        hg.teardown_sampling_worker(sampler)
+
+
 # --- scenario helpers ---------------------------------------------------------------------
 
 
@@ -341,6 +361,106 @@ def scenario_hk_epoch_sigkill(
                                           for t in threading.enumerate()),
                 **_error_fields(e))  # fmt: skip
         loader.shutdown()  # idempotent: already torn down
+        return
+    _result(outcome="finished", batches=n)
+
+
+def _records_of(directory: str, pids: Sequence[int]) -> dict[int, list[str]]:
+    """The exception records ``pids`` left in ``directory`` (by name: exception-PID-...)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    return {p: sorted(n for n in names if n.startswith(f"exception-{p}-")) for p in pids}
+
+
+def scenario_hk_epoch_raise() -> None:
+    """healthkit_glt: worker 1 raises mid-epoch (an error of the worker, not of a sampling
+    call); its exception is recorded (healthkit.record_exception) and named by the loader's
+    error; worker 0, torn down by the producer, leaves no record."""
+    import tempfile
+
+    import healthkit_glt as hg
+
+    records = tempfile.mkdtemp(prefix="hk-records-")
+    os.environ["HEALTHKIT_RECORD_DIR"] = records  # the spawned workers inherit it
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset(), worker_loop=rank1_raises_mid_epoch_loop)
+    workers = loader.producer.workers
+    try:
+        for batch in loader:
+            del batch
+    except hg.SamplingWorkerDiedError as e:
+        d = e.diagnosis
+        _result(outcome="raised", rank=e.rank, cause=d.cause.name, exit_code=d.exit_code,
+                exception=d.exception.summary if d.exception else None,
+                records=_records_of(records, [w.pid for w in workers]),
+                worker_pids=[w.pid for w in workers],
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+        return
+    finally:
+        loader.shutdown()
+    _result(outcome="finished")
+
+
+def scenario_hk_epoch_stop(how: str = "group") -> None:
+    """healthkit_glt mid-epoch, in a process that handles SIGTERM and goes on (a training
+    loop that saves a checkpoint on it). ``group``: another process SIGTERMs this process's
+    whole group, as torchrun stops a worker; the sampling workers die of it. ``alone``:
+    worker 1 alone gets a SIGTERM, nothing stops this process. ``kill``: the group stop,
+    and worker 1 SIGKILLed as it comes. Reports how the loader ended, and every line it
+    logged at ERROR."""
+    import subprocess
+
+    import healthkit_glt as hg
+
+    errors: list[str] = []
+
+    class Errors(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                errors.append(record.getMessage())
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().addHandler(Errors())
+    stops: list[float] = []
+    signal.signal(signal.SIGTERM, lambda s, f: stops.append(time.monotonic()))
+    fx.init_single_process_context()
+    loader = _hk_loader(fx.build_dataset())
+    workers = loader.producer.workers
+    it = iter(loader)
+    batch = next(it)
+    del batch
+    time.sleep(0.5)  # the ring fills; the workers park in send()
+    if how == "kill":  # SIGKILL first: it cannot be the stop's share, whenever seen
+        os.kill(workers[1].pid, signal.SIGKILL)
+    # Sent by another process, as torchrun sends it: torch's worker handler exits 0 on its
+    # parent's SIGTERM and dies of anyone else's. A negative pid: the whole group.
+    target = -os.getpgrp() if how in ("group", "kill") else workers[1].pid
+    subprocess.run([sys.executable, "-c", "import os, signal, sys; "
+                    "os.kill(int(sys.argv[1]), signal.SIGTERM)", str(target)],
+                   start_new_session=True, check=True, timeout=60)  # fmt: skip
+    _say(f"stop sent ({how})")
+    n = 1
+    try:
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            n += 1
+            del batch
+    except (hg.SamplingStoppedError, hg.SamplingWorkerDiedError) as e:
+        again = None
+        try:
+            iter(loader)
+        except (hg.SamplingStoppedError, hg.SamplingWorkerDiedError) as e2:
+            again = type(e2).__name__
+        _result(outcome="raised", batches=n, stops_seen=len(stops), errors=errors,
+                ranks=list(getattr(e, "ranks", [getattr(e, "rank", None)])),
+                worker_exit_codes=[w.exitcode for w in workers], again=again,
+                children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip
+        loader.shutdown()
         return
     _result(outcome="finished", batches=n)
 
@@ -1011,6 +1131,8 @@ SCENARIOS = {
     "hk-trainer": lambda a: scenario_hk_trainer(*a),
     "hk-sampling-error": lambda a: scenario_hk_sampling_error(*a),
     "hk-epoch-oom": lambda a: scenario_hk_epoch_oom(*a),
+    "hk-epoch-raise": lambda a: scenario_hk_epoch_raise(),
+    "hk-epoch-stop": lambda a: scenario_hk_epoch_stop(*a),
     "hk-fail-rebuild": lambda a: scenario_hk_fail_rebuild(*(int(x) for x in a)),
     "hk-steady-state-stall": lambda a: scenario_hk_steady_state_stall(*a),
     "hk-stall-timeout": lambda a: scenario_hk_stall_timeout(*a),

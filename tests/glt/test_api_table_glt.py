@@ -261,6 +261,9 @@ def test_every_exported_error_pickles_with_its_attributes() -> None:
         hg.SamplingStalledError: hg.SamplingStalledError(
             "stalled", stalled_for=60.0, ranks=(0, 1), diagnoses=(d,)
         ),
+        hg.SamplingStoppedError: hg.SamplingStoppedError(
+            "stopped", ranks=(1,), reasons=("taken as its share of this process's stop",)
+        ),
         hg.RingLayoutError: hg.RingLayoutError("not GLT 0.2.4's ring"),
         hg.BarrierBrokenError: hg.BarrierBrokenError(
             "broken", barrier_name="init", elapsed=1.0, bound=3.0

@@ -545,9 +545,18 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
 
 @pytest.mark.timeout(IN_PROCESS_TIMEOUT_S, method="thread")
 def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_idempotent(
-    glt_context: None, guard: None, stop_resource_sharer: None
+    glt_context: None,
+    guard: None,
+    stop_resource_sharer: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
 ) -> None:
     import multiprocessing as mp
+
+    # Where the workers would record an exception (healthkit.record_exception): a clean
+    # run leaves nothing there.
+    records = tmp_path / "records"
+    monkeypatch.setenv("HEALTHKIT_RECORD_DIR", str(records))
 
     before = _segments_of(os.getpid())
     dataset = fx.build_dataset()
@@ -600,6 +609,8 @@ def test_epochs_give_the_same_batches_as_stock_glt_and_shutdown_is_clean_and_ide
     assert all(r.seeds == list(range(fx.NUM_NODES)) for r in runs)
     assert all(len(r.digests) == -(-fx.NUM_NODES // fx.BATCH_SIZE) for r in runs)
     assert [w.exitcode for w in workers] == [0, 0]  # STOP, not SIGTERM
+    left = os.listdir(records) if records.exists() else []
+    assert not [n for n in left if n.startswith("exception-")], left
     assert producer.failure is None
     assert producer._report_flag[0] == 0  # the clean path: no worker reported anything
     assert _segments_of(os.getpid()) == before  # released by shutdown(), loader referenced
@@ -715,12 +726,72 @@ def test_worker_raising_during_init_fails_the_loader_with_its_exit_code_and_trac
     ), r["message"]
     assert r["after_raise_s"] < 3.0
     assert r["segments_left"] == []  # released though the failed producer is referenced
-    assert "exited with code 1" in r["message"]
+    # The worker's exception comes through the core's record (healthkit.record_exception),
+    # as any helper's: its diagnosis names it, and the error ends with its last frames.
+    assert "exited with code 1: it raised ValueError: bad fan-out [5, 5]" in r["message"]
+    assert "in failing_sampler_factory [exception record " in r["message"]
     assert "--- sampling worker 1 raised ---" in r["message"]
-    assert "ValueError: bad fan-out [5, 5]" in r["message"]
+    assert "glt_scenarios.py\", line" in r["message"], r["message"]
+    assert "ValueError: bad fan-out [5, 5]" in r["message"].split("--- sampling worker 1")[-1]
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []
     assert "Exception ignored" not in run.output
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_worker_raising_mid_epoch_fails_the_loader_naming_its_exception_and_rank() -> None:
+    """Past the barrier: the worker's exception is recorded through the core and named by
+    the loader's error (type, message, where, and the worker); the worker the producer tore
+    down afterwards (exit 0 on its SIGTERM) leaves no record."""
+    run = sc.run_scenario("hk-epoch-raise", timeout=150)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised" and r["type"] == "SamplingWorkerDiedError", r
+    assert (r["rank"], r["cause"], r["exit_code"]) == (1, "ERROR_EXIT", 1)
+    lost = "RuntimeError: feature store connection lost (injected by the test)"
+    assert r["exception"] == lost
+    message = r["message"]
+    assert message.startswith("sampling worker 1 died while the loader waited for batch")
+    assert f"exited with code 1: it raised {lost} at glt_scenarios.py:" in message, message
+    assert "in rank1_raises_mid_epoch_loop" in message
+    assert "--- sampling worker 1 raised ---" in message and message.endswith(lost)
+    worker0, worker1 = r["worker_pids"]
+    assert r["records"][str(worker0)] == [] and len(r["records"][str(worker1)]) == 1
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.parametrize("how", ["group", "alone"])
+def test_workers_ended_by_a_group_stop_are_not_a_failure_and_one_stopped_alone_is(
+    how: str,
+) -> None:
+    """torchrun stops a rank with a SIGTERM to its process group: the sampling workers die
+    of it while the trainer (which here handles SIGTERM and goes on, as a loop saving a
+    checkpoint does) still waits for a batch. The core's rule excuses those deaths: the
+    loader raises SamplingStoppedError, logs no error and publishes nothing. The twin: the
+    same SIGTERM to one worker alone, no stop of the trainer, is a failure."""
+    run = sc.run_scenario("hk-epoch-stop", [how], timeout=150)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised", r
+    if how == "group":
+        assert r["stops_seen"] == 1
+        assert r["type"] == "SamplingStoppedError", r["message"]
+        assert "ProcessDiedError" not in r["mro"] and "RuntimeError" in r["mro"]
+        assert sorted(r["ranks"]) in ([0], [1], [0, 1]), r
+        assert "ended while this process was being stopped" in r["message"]
+        assert "(SIGTERM " in r["message"] and "not a failure" in r["message"]
+        assert r["errors"] == [], r["errors"]
+        assert r["again"] == "SamplingStoppedError"  # within the stop's grace
+        assert "taken as its share of this process's stop" in run.output
+    else:
+        assert r["stops_seen"] == 0
+        assert r["type"] == "SamplingWorkerDiedError", r["message"]
+        assert r["ranks"] == [1] and "killed by SIGTERM" in r["message"]
+        assert r["again"] == "SamplingWorkerDiedError"
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
 
 
 @pytest.mark.timeout(2 * SUBPROCESS_TIMEOUT_S)
@@ -1000,17 +1071,28 @@ def test_this_glt_build_has_every_internal_the_adapter_touches_and_passes_the_ch
     assert hg.glt_version() in _compat.KNOWN_BUILDS
 
 
-def test_a_glt_build_the_adapter_does_not_know_gets_a_warning_that_names_it(
-    caplog: pytest.LogCaptureFixture,
+def test_a_glt_build_the_adapter_does_not_know_is_refused_naming_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Same internals, unknown version: the import goes on, with a warning naming the build,
-    the tested ones and what to do."""
+    """Same internals, unknown version: refused with an ImportError naming the build, the
+    tested ones and what to do; accepted, with a warning, only when
+    $HEALTHKIT_GLT_ACCEPT_BUILD names that very version."""
     from healthkit_glt import _compat
 
+    monkeypatch.delenv(_compat.ACCEPT_BUILD_ENV, raising=False)
+    with pytest.raises(ImportError) as err:
+        _compat.self_check(version="0.3.0")
+    text = str(err.value)
+    assert "graphlearn-torch 0.3.0 is not a build healthkit_glt knows" in text, text
+    assert "0.2.4+git26fe3d4" in text and "HEALTHKIT_GLT_ACCEPT_BUILD=0.3.0" in text, text
+    monkeypatch.setenv(_compat.ACCEPT_BUILD_ENV, "0.3.1")  # another version: still refused
+    with pytest.raises(ImportError, match=r"0\.3\.0 is not a build"):
+        _compat.self_check(version="0.3.0")
+    monkeypatch.setenv(_compat.ACCEPT_BUILD_ENV, "0.3.0")
     with caplog.at_level("WARNING", logger="healthkit.glt"):
         _compat.self_check(version="0.3.0")
     assert "graphlearn-torch 0.3.0 is not a build healthkit_glt was tested with" in caplog.text
-    assert "0.2.4+git26fe3d4" in caplog.text and "run tests/glt" in caplog.text
+    assert "accepted by $HEALTHKIT_GLT_ACCEPT_BUILD" in caplog.text
 
 
 @pytest.mark.parametrize(

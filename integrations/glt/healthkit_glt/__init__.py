@@ -23,6 +23,7 @@ from healthkit_glt._producer import (
     DistSamplingProducer,
     SamplingError,
     SamplingStalledError,
+    SamplingStoppedError,
     SamplingWorkerDiedError,
 )
 from healthkit_glt._receive import Receiver, RingLayoutError, open_receiver
@@ -68,6 +69,7 @@ __all__ = [
     "SamplingError",
     "SamplingServerLostError",
     "SamplingStalledError",
+    "SamplingStoppedError",
     "SamplingWorkerContext",
     "SamplingWorkerDiedError",
     "SerializedSendChannel",

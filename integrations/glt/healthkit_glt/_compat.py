@@ -21,10 +21,14 @@ This is also the one module that touches GLT's internals (and the two torch priv
 own worker loop uses): the ring layout, the channel's ``_queue`` swap, the server slot
 (``_dist_server``) and ``_set_server_context``, the loader's private flags
 (:func:`init_loader_state`), ``_set_worker_ranks``, ``_set_ntypes_and_etypes``,
-``_collate_fn``, ``_get_seeds_indexes``, and the producer pools of GLT's ``DistServer`` that
-:class:`healthkit_glt.DistServer` extends. :func:`self_check` runs at import: a build that
-lacks one of them fails the import with what is missing, and a build not in
-:data:`KNOWN_BUILDS` gets a warning that names it (docs/glt.md, "Supported versions").
+``_collate_fn``, ``_get_seeds_indexes``, the private attributes of GLT's producer that
+:class:`healthkit_glt.DistSamplingProducer` shares with it (its ``_workers``,
+``_task_queues`` and ``_shutdown``, which GLT's ``produce_all`` reads), and the producer
+pools of GLT's ``DistServer`` that :class:`healthkit_glt.DistServer` extends.
+:func:`self_check` runs at import: a build that lacks one of them fails the import with what
+is missing, and so does a build not in :data:`KNOWN_BUILDS`, naming its version (the checks
+find a name, not what it means): accept one with ``$HEALTHKIT_GLT_ACCEPT_BUILD`` set to its
+version after running tests/glt on it (docs/glt.md, "Supported versions").
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ import ctypes
 import functools
 import importlib.metadata
 import logging
+import os
 import pickle
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from healthkit import UsageError
+from healthkit._shared import sysv_shm_segments
 from healthkit_glt._stack import stack_error
 
 # The first graphlearn-torch import of the package (__init__ imports this module first): a
@@ -50,6 +56,7 @@ except Exception as e:  # ImportError, or GLT's RuntimeError on a torch it was n
     raise stack_error(e) from e
 
 __all__ = [
+    "ACCEPT_BUILD_ENV",
     "KNOWN_BUILDS",
     "RingSegment",
     "collate",
@@ -64,7 +71,6 @@ __all__ = [
     "set_server_context",
     "set_worker_ranks",
     "set_worker_signal_handlers",
-    "sysv_shm_rows",
 ]
 
 logger = logging.getLogger("healthkit.glt")
@@ -122,21 +128,10 @@ def channel_shmid(channel: ChannelBase) -> int | None:
         return None
 
 
-def sysv_shm_rows() -> list[dict[str, str]]:
-    """Every SysV shared-memory segment, as ``/proc/sysvipc/shm`` lists it (column: value).
-
-    The one reader of that file (the channel's segment here, and tests/glt's leak checks).
-    Raises OSError when it cannot be read.
-    """
-    with open("/proc/sysvipc/shm") as f:
-        header = f.readline().split()
-        return [dict(zip(header, line.split(), strict=False)) for line in f]
-
-
 def _segment(shmid: int) -> dict[str, str] | None:
     """The segment's row (None: it is gone, or the file cannot be read)."""
     try:
-        return next((r for r in sysv_shm_rows() if int(r["shmid"]) == shmid), None)
+        return next((r for r in sysv_shm_segments() if int(r["shmid"]) == shmid), None)
     except (OSError, ValueError, KeyError):
         return None
 
@@ -363,6 +358,11 @@ def set_worker_signal_handlers() -> None:
 
 
 # ---------------------------------------------------------------------- self-check
+#: Set to the exact version of a build not in :data:`KNOWN_BUILDS` to import healthkit_glt
+#: on it anyway (after running tests/glt on it): a version, not a yes, so that the next
+#: upgrade is refused again until it is checked too.
+ACCEPT_BUILD_ENV = "HEALTHKIT_GLT_ACCEPT_BUILD"
+
 #: The builds this module was checked against (tests/glt runs on both).
 KNOWN_BUILDS = {
     "0.2.4": "PyPI release, torch 2.3",
@@ -375,6 +375,9 @@ _LOADER_FLAGS = (
     "_with_channel", "_shutdowned", "_channel", "_mp_producer", "_input_len", "_input_type",
     "_num_expected", "_server_rank_list", "_producer_id_list",
 )  # fmt: skip
+#: The private attributes of GLT's producer that our subclass fills and GLT's own
+#: ``produce_all`` reads (the workers, their command queues, the shut-down flag).
+_PRODUCER_STATE = ("_workers", "_task_queues", "_shutdown", "_get_seeds_indexes")
 #: The producer pools of GLT's ``DistServer`` that :class:`healthkit_glt.DistServer` fills.
 _SERVER_POOLS = (
     "_lock", "_worker_key2producer_id", "_cur_producer_idx", "_producer_pool",
@@ -393,7 +396,7 @@ REQUIRED: tuple[tuple[str, str | None, str], ...] = (
     (_DIST, "DistLoader", "_set_ntypes_and_etypes"),
     (_DIST, "DistLoader", "_collate_fn"),
     *((_DIST, "DistLoader", flag) for flag in _LOADER_FLAGS),
-    (_DIST, "DistMpSamplingProducer", "_get_seeds_indexes"),
+    *((_DIST, "DistMpSamplingProducer", name) for name in _PRODUCER_STATE),
     *((_DIST, "DistServer", pool) for pool in _SERVER_POOLS),
     ("torch.distributed.rpc", None, "_set_rpc_timeout"),
     ("torch._C", None, "_set_worker_signal_handlers"),
@@ -421,11 +424,14 @@ def self_check(
     version: str | None = None,
     required: tuple[tuple[str, str | None, str], ...] = REQUIRED,
 ) -> None:
-    """Check that the installed graphlearn-torch has every internal this module touches.
+    """Check that the installed graphlearn-torch is a build this module knows, with every
+    internal it touches.
 
-    Raises ImportError naming the build and what it lacks; logs a warning when the build is
-    not one of :data:`KNOWN_BUILDS` but has them all (the ring reader still checks the ring
-    layout itself at ``init()``). Cheap: attribute look-ups on modules already imported.
+    Raises ImportError naming the build and what it lacks, or naming a build not in
+    :data:`KNOWN_BUILDS` (the look-ups below find a name, not what it means: an unknown
+    build may have them all and still lay its ring out or use its flags differently),
+    unless ``$HEALTHKIT_GLT_ACCEPT_BUILD`` names that very version: then a warning says it
+    runs untested. Cheap: attribute look-ups on modules already imported.
     """
     version = glt_version() if version is None else version
     tested = "; ".join(f"{v} ({what})" for v, what in KNOWN_BUILDS.items())
@@ -440,13 +446,22 @@ def self_check(
             "healthkit_glt adapts (healthkit_glt/_compat.py); install a tested build "
             f"({tested}; docs/glt.md, 'Supported versions'), or port _compat.py to this one"
         )
-    if version not in KNOWN_BUILDS:
+    if version in KNOWN_BUILDS:
+        return
+    if os.environ.get(ACCEPT_BUILD_ENV, "").strip() == version:
         logger.warning(
             "healthkit_glt: graphlearn-torch %s is not a build healthkit_glt was tested with "
-            "(%s); the internals it adapts are present, but run tests/glt on this build "
-            "before relying on it, or install a tested one (docs/glt.md, 'Supported "
-            "versions')", version, tested,
+            "(%s); accepted by $%s. The internals it adapts are present; the ring reader "
+            "still checks the ring layout at init()", version, tested, ACCEPT_BUILD_ENV,
         )  # fmt: skip
-
+        return
+    raise ImportError(
+        f"healthkit_glt: graphlearn-torch {version} is not a build healthkit_glt knows "
+        f"(tested: {tested}). healthkit_glt adapts GLT internals that change between builds "
+        "(the channel's ring, the loader's private flags, the server slot: "
+        "healthkit_glt/_compat.py), so an unknown build is refused rather than guessed at. "
+        f"Install a tested build (docs/glt.md, 'Supported versions'), or run tests/glt on "
+        f"this one and set {ACCEPT_BUILD_ENV}={version} to accept it"
+    )
 
 self_check()

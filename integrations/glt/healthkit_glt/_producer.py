@@ -39,11 +39,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
-import shutil
-import tempfile
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -73,7 +71,13 @@ from healthkit._shared import (
     check_seconds,
     check_timeout,
 )
-from healthkit.lowlevel import MAX_TIMEOUT_S, decide_stall, publish_job_failure
+from healthkit.lowlevel import (
+    MAX_TIMEOUT_S,
+    Decision,
+    EndingClassifier,
+    decide_stall,
+    publish_job_failure,
+)
 from healthkit.lowlevel import Verdict as Verdict
 from healthkit_glt._compat import RingSegment, seeds_indexes
 from healthkit_glt._config import (
@@ -96,13 +100,13 @@ from healthkit_glt._worker import (
     _worker_entry,
     create_dist_sampler,
     default_worker_loop,
-    error_file,
 )
 
 __all__ = [
     "DistSamplingProducer",
     "SamplingError",
     "SamplingStalledError",
+    "SamplingStoppedError",
     "SamplingWorkerDiedError",
 ]
 
@@ -124,6 +128,25 @@ class SamplingWorkerDiedError(ProcessDiedError):
         super().__init__(message, diagnosis)
         self.rank = rank
         self.diagnoses = diagnoses
+
+
+class SamplingStoppedError(HealthkitError, RuntimeError):
+    """The sampling workers ended while this process was being stopped (a launcher's SIGTERM
+    to the process group, torchrun's; Ctrl-C): their share of the stop, not a failure.
+
+    The loader cannot go on without them, so ``recv()`` raises this instead of a batch; it
+    is not published to the job and not logged as an error. ``ranks`` are the ended
+    workers', ``reasons`` why the firing rule excused each (the stop signal, how long ago).
+    The producer is torn down when this is raised. A stop is an episode: if this process
+    is still running once its grace is over (or said it carries on:
+    ``healthkit.lowlevel.note_stop_survived()``), a later use of the producer raises the
+    deaths as :class:`SamplingWorkerDiedError` after all.
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...], reasons: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.reasons = reasons
 
 
 class SamplingError(HealthkitError, RuntimeError):
@@ -189,6 +212,36 @@ class SamplingStalledError(HealthkitError, TimeoutError):
         self.stalled_for = stalled_for
         self.ranks = ranks
         self.diagnoses = diagnoses
+
+
+Failure = SamplingWorkerDiedError | SamplingError | SamplingStalledError | SamplingStoppedError
+
+
+def _raised(d: Diagnosis | None) -> bool:
+    """Did the worker end of an exception of its own (its record names it)? An interrupt
+    is a stop, not a cause."""
+    return d is not None and d.exception is not None and d.exception.type != "KeyboardInterrupt"
+
+
+def _worker_exceptions(dead: Sequence[tuple[int, Diagnosis | None]]) -> str:
+    """Each dead worker's own exception, as its record tells it (its diagnosis names the
+    record): the last frames and the exception, as a traceback ends. The full traceback is
+    in the record and in the worker's stderr."""
+    parts = []
+    for rank, d in dead:
+        if d is None or not _raised(d):
+            continue
+        exc = d.exception
+        assert exc is not None
+        where = f" (in {exc.context})" if exc.context else ""
+        parts.append(f"--- sampling worker {rank} raised ---{where}")
+        parts.append(f"Traceback (last frames; the full one: {exc.path}, and the worker's stderr):")
+        for frame in exc.frames:
+            first, *source = frame.splitlines() or [""]
+            parts.append(f"  {first.strip()}")
+            parts += [f"    {line.strip()}" for line in source]
+        parts.append(exc.summary)
+    return "\n".join(parts)
 
 
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
@@ -363,8 +416,11 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._task_queues: list[Any] = []
         self._receiver: Receiver | None = None
         self._init_barrier: BoundedBarrier | None = None
-        self._error_dir: str | None = None
-        self._failure: SamplingWorkerDiedError | SamplingError | SamplingStalledError | None = None
+        self._failure: Failure | None = None
+        # The firing rule asked about each dead worker (built at init(), in the thread that
+        # builds the loader); the deaths a stop excused, decided again on a later use.
+        self._endings: EndingClassifier | None = None
+        self._excused: list[tuple[int, ProcessWatch]] = []
         self._reports_r: Any = None
         self._report_flag: Any = None
         self._segment: RingSegment | None = None
@@ -411,7 +467,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         try:
             self._spawn_and_wait()
         except BarrierBrokenError as e:
-            err = self._with_worker_tracebacks(e)
+            err = self._with_worker_exceptions(e)
             self._cleanup_files()
             # The barrier's error holds the frames it was raised through (the barrier's
             # wait, which holds the error and this producer's teardown), and ``err`` this
@@ -451,7 +507,8 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             # have passed just before dying): the 1 s default would delay that report.
             abort_grace=INIT_ABORT_GRACE_S,
         )
-        self._error_dir = tempfile.mkdtemp(prefix="healthkit-glt-")
+        if self._endings is None:
+            self._endings = EndingClassifier("sampling workers", log=logger)
         # Before the first worker exists, as BoundedBarrier's own: the cgroup OOM counter's
         # baseline and the kernel-log position predate any worker's death, so an OOM kill
         # of a worker is confirmed, at init and mid-epoch alike.
@@ -488,7 +545,6 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
                 sampler_factory=self.sampler_factory,
                 rpc_init_timeout=plan.rpc_init_timeout,
                 steady_state_rpc_timeout=plan.steady_state_rpc_timeout,
-                error_dir=self._error_dir,
                 extra=self.worker_extra,
                 send_lock=send_lock,
                 parent_pid=os.getpid(),
@@ -522,51 +578,45 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._shutdown = True
         self._teardown(grace=self.init_failure_grace, send_stop=False, cleanup=False)
 
-    def _with_worker_tracebacks(self, e: BarrierBrokenError) -> BarrierBrokenError:
-        """The same error, headed by the worker that raised (if one did), plus the traceback
-        of every dead worker that raised.
+    def _with_worker_exceptions(self, e: BarrierBrokenError) -> BarrierBrokenError:
+        """The same error, headed by the worker that raised (if one did), plus the exception
+        of every dead worker that raised, as its record tells it.
 
         Why a new first line: when one worker raises, its peers can die of the broken RPC
         connection within milliseconds of it, and the first death observed is not always
-        the cause. A worker that left a traceback is the one that raised.
+        the cause. A worker that left an exception record is the one that raised.
         """
-        raisers = [r.rank for r in e.dead if self._worker_traceback(r.rank)]
-        extra = self._worker_tracebacks(r.rank for r in e.dead)
-        if not extra:
+        dead = [(r.rank, r.diagnosis) for r in e.dead]
+        raisers = [(rank, d) for rank, d in dead if _raised(d)]
+        if not raisers:
             return e
-        head = ""
-        if raisers:
-            last = self._worker_traceback(raisers[0]).strip().splitlines()[-1]
-            head = f"sampling worker {raisers[0]} raised during init: {last}\n"
+        rank, d = raisers[0]
+        assert d is not None and d.exception is not None
+        head = f"sampling worker {rank} raised during init: {d.exception.summary}\n"
         return type(e)(
-            f"{head}{e}\n{extra}",
+            f"{head}{e}\n{_worker_exceptions(dead)}",
             barrier_name=e.barrier_name,
             elapsed=e.elapsed,
             bound=e.bound,
             parties=e.parties,
         )
 
-    def _worker_traceback(self, rank: int) -> str:
-        if self._error_dir is None:
-            return ""
-        try:
-            with open(error_file(self._error_dir, rank)) as f:
-                return f.read().rstrip()
-        except OSError:
-            return ""
-
-    def _worker_tracebacks(self, ranks: Any) -> str:
-        parts = []
-        for rank in ranks:
-            if text := self._worker_traceback(rank):
-                parts.append(f"--- sampling worker {rank} raised ---\n{text}")
-        return "\n".join(parts)
+    def _use_endings(self, endings: EndingClassifier) -> None:
+        """Judge the workers' deaths with ``endings`` (built in this process's main thread,
+        which is where noticing its stop signals can start) instead of one built by
+        ``init()``. For producers built off the main thread, e.g. by a server's RPC threads."""
+        if not isinstance(endings, EndingClassifier):
+            raise InvalidArgumentTypeError(
+                f"endings must be a healthkit.lowlevel.EndingClassifier, got {endings!r}",
+                "endings",
+            )
+        self._endings = endings
 
     # ------------------------------------------------------------------ steady state
     def produce_all(self) -> None:
         """Start an epoch (GLT's, after checking that no worker died since the last one)."""
         if self._failure is not None:
-            raise self._failure
+            raise self._failed()
         self._batches_received = 0
         self._last_batch_at, self._stall_reported = time.monotonic(), False
         self._stop_waiting()
@@ -582,7 +632,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         epoch-done flag, a stop request). ``None`` or 0 waits as long as it takes.
         """
         if self._failure is not None:
-            raise self._failure
+            raise self._failed()
         receiver = self._receiver
         if receiver is None or self._shutdown:
             raise UsageError("this DistSamplingProducer is not running (init() or shut down)")
@@ -753,33 +803,86 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         self._teardown(grace=0.0, send_stop=False)
         return err
 
-    def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError:
+    def _fail(self, ended: list[ProcessWatch]) -> SamplingWorkerDiedError | SamplingStoppedError:
         receiver = self._receiver
         assert receiver is not None
-        diagnoser = self._diagnoser or ExitDiagnoser()
-        dead = sorted(
-            ((receiver.ranks[id(w)], diagnoser.diagnose(w)) for w in ended),
-            key=lambda rd: rd[1].observed_at,
-        )
+        # Survivors are usually parked in ShmChannel.send() and will never read STOP.
+        self._shutdown = True
+        try:
+            return self._judge([(receiver.ranks[id(w)], w) for w in ended])
+        finally:
+            self._teardown(grace=0.0, send_stop=False)
+
+    def _failed(self) -> Failure:
+        """The failure to raise again; deaths a stop excused are decided again first (the
+        stop may be over, with this process still running: then they are a failure)."""
+        failure = self._failure
+        assert failure is not None
+        if isinstance(failure, SamplingStoppedError) and self._excused:
+            return self._judge(self._excused, after_stop=True)
+        return failure
+
+    def _judge(
+        self, ended: list[tuple[int, ProcessWatch]], *, after_stop: bool = False
+    ) -> SamplingWorkerDiedError | SamplingStoppedError:
+        """Ask the firing rule about each ended worker: a failure (a SIGKILL, a crash, an
+        error exit, a stop this process survived), or its share of this process's stop."""
+        endings = self._endings or EndingClassifier("sampling workers", log=logger)
+        decisions = [endings.classify(w) for _, w in ended]
+        if all(d.verdict is not Verdict.FIRE for d in decisions):
+            return self._stopped(ended, decisions)
+        self._excused = []
+        diagnoser = self._diagnoser
+        try:
+            if diagnoser is None:  # torn down since (a stop's deaths, decided again)
+                diagnoser = ExitDiagnoser()
+            dead = sorted(
+                ((rank, diagnoser.diagnose(w)) for rank, w in ended),
+                key=lambda rd: rd[1].observed_at,
+            )
+        finally:
+            if diagnoser is not None and diagnoser is not self._diagnoser:
+                diagnoser.close()
         rank, first = dead[0]
-        tracebacks = self._worker_tracebacks(r for r, _ in dead)
+        waited = (
+            "ended while this process was being stopped, and this process is still running "
+            "after the stop" if after_stop
+            else f"died while the loader waited for batch {self._batches_received + 1}"
+        )
         lines = [
-            f"sampling worker {rank} died while the loader waited for batch "
-            f"{self._batches_received + 1}; the epoch cannot complete",
+            f"sampling worker {rank} {waited}; the epoch cannot complete",
             *(f"  - {d}" for _, d in dead),
             "What to do: fix what ended the worker (above), then build a new loader; this "
             "producer has been shut down.",
         ]
-        if tracebacks:
-            lines.append(tracebacks)
+        if exceptions := _worker_exceptions(dead):
+            lines.append(exceptions)
         err = SamplingWorkerDiedError(
             "\n".join(lines), first, rank=rank, diagnoses=tuple(d for _, d in dead)
         )
         self._failure = err
         publish_job_failure(first)  # the other ranks of the job learn why this one stops
-        # Survivors are usually parked in ShmChannel.send() and will never read STOP.
-        self._shutdown = True
-        self._teardown(grace=0.0, send_stop=False)
+        return err
+
+    def _stopped(
+        self, ended: list[tuple[int, ProcessWatch]], decisions: list[Decision]
+    ) -> SamplingStoppedError:
+        ranks = tuple(rank for rank, _ in ended)
+        reasons = tuple(d.reason for d in decisions)
+        err = SamplingStoppedError(
+            f"sampling worker{'s' if len(ranks) > 1 else ''} "
+            f"{', '.join(map(str, ranks))} ended while this process was being stopped, "
+            f"{reasons[0].partition('; reported')[0]}: not a failure. The loader cannot go "
+            f"on without {'them' if len(ranks) > 1 else 'it'}; this producer has been shut "
+            "down. If this process carries on after the stop, build a new loader.",
+            ranks=ranks,
+            reasons=reasons,
+        )
+        self._failure = err
+        self._excused = [
+            (rank, w) for (rank, w), d in zip(ended, decisions, strict=True)
+            if d.verdict is Verdict.DEFER
+        ]  # fmt: skip
         return err
 
     # ------------------------------------------------------------------ shutdown
@@ -850,9 +953,6 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         if self._diagnoser is not None:
             self._diagnoser.close()
             self._diagnoser = None
-        if self._error_dir is not None:
-            shutil.rmtree(self._error_dir, ignore_errors=True)
-            self._error_dir = None
         for watch in self._progress:
             watch.close()
 
@@ -862,7 +962,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
         return list(self._workers)
 
     @property
-    def failure(self) -> SamplingWorkerDiedError | SamplingError | SamplingStalledError | None:
+    def failure(self) -> Failure | None:
         """The steady-state failure that ended this producer, if any."""
         return self._failure
 

@@ -40,6 +40,7 @@ from graphlearn_torch.sampler import RemoteSamplerInput
 
 from healthkit import BarrierBrokenError, InvalidArgumentTypeError
 from healthkit._shared import check_bool, check_bound, check_int, check_seconds
+from healthkit.lowlevel import EndingClassifier
 from healthkit_glt._compat import install_server, set_server_context
 from healthkit_glt._lease import LeaseServer
 from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
@@ -47,6 +48,7 @@ from healthkit_glt._producer import (
     DistSamplingProducer,
     SamplingError,
     SamplingStalledError,
+    SamplingStoppedError,
     SamplingWorkerDiedError,
     check_producer_kwargs,
     drop_frames,
@@ -105,6 +107,11 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         )
         self._lease_host = lease_host
         self._released: list[threading.Thread] = []
+        # One judge of the sampling workers' deaths for every producer of this server: built
+        # here, in the main thread init_server runs in, it notices this process's stop
+        # signals (a launcher's group SIGTERM) from now on; the producers are built later,
+        # in RPC threads, where that cannot start.
+        self._endings = EndingClassifier("sampling workers", log=logger)
 
     # ------------------------------------------------------------------ identity
     def hello(self) -> ServerHello:
@@ -164,6 +171,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                 self.dataset, sampler_input, sampling_config, worker_options, buffer,
                 **{**self.producer_kwargs, **producer_kwargs},
             )  # fmt: skip
+            producer._use_endings(self._endings)
             try:
                 producer.init()  # torn down by itself when it raises
             except Exception as e:
@@ -200,6 +208,8 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                     producer.produce_all()
                 except (SamplingWorkerDiedError, SamplingError, SamplingStalledError) as e:
                     return self._record(producer_id, e)
+                except SamplingStoppedError:  # this server is being stopped
+                    return self._gone(producer_id)
         return None
 
     def fetch(self, producer_id: int, wait_s: float) -> tuple[str, Any]:
@@ -239,7 +249,8 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                         return "msg", producer.recv(timeout_ms=min(left_ms, 100))
             except (SamplingWorkerDiedError, SamplingError, SamplingStalledError) as e:
                 return "failed", self._record(producer_id, e)
-            except RuntimeError:  # shut down meanwhile (its last client's lease ended)
+            except RuntimeError:  # shut down meanwhile (its last client's lease ended),
+                # or its workers ended with this server's stop (SamplingStoppedError)
                 return "failed", self._failures.get(producer_id) or self._gone(producer_id)
         finally:
             lock.release()

@@ -11,6 +11,7 @@ run :func:`run_task_loop`, and call :func:`teardown_sampling_worker` in ``finall
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -24,7 +25,13 @@ from typing import Any, Protocol
 import attrs
 from graphlearn_torch.channel import ChannelBase
 
-from healthkit import BarrierBrokenError, BoundedBarrier, Heartbeat, InvalidArgumentTypeError
+from healthkit import (
+    BarrierBrokenError,
+    BoundedBarrier,
+    Heartbeat,
+    InvalidArgumentTypeError,
+    record_exception,
+)
 from healthkit._shared import check_bound, check_int
 from healthkit.lowlevel import die_with_parent, flush_logging
 from healthkit_glt._compat import set_rpc_timeout, set_worker_signal_handlers
@@ -192,7 +199,6 @@ class SamplingWorkerContext:
     sampler_factory: SamplerFactory
     rpc_init_timeout: float
     steady_state_rpc_timeout: float
-    error_dir: str | None = None
     extra: dict[str, Any] = attrs.field(factory=dict)
     send_lock: Any = None
     parent_pid: int | None = None
@@ -492,9 +498,10 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
     """GLT's worker life with the healthkit guarantees (see the module docstring).
 
     An exception before the init barrier passed (a sampler factory that raises, a failed
-    ``init_rpc``) ends the worker at once, exit code 1, with its traceback left for the
-    parent: an orderly RPC shutdown first would delay the parent's report by seconds, and
-    let a peer die of the broken connection first and be reported as the cause.
+    ``init_rpc``) ends the worker at once, exit code 1, with its exception recorded for the
+    parent (:func:`healthkit.record_exception`): an orderly RPC shutdown first would delay
+    the parent's report by seconds, and let a peer die of the broken connection first and
+    be reported as the cause.
     """
     _check_context(ctx)
     sampler = None
@@ -511,39 +518,28 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
         logger.info("sampling worker %d: %s; tearing down", ctx.rank, e)
     except KeyboardInterrupt:
         pass  # the main process raises KeyboardInterrupt itself
-    except BaseException:
+    except BaseException as e:
         if not passed:
-            _exit_with_traceback(ctx)
+            _exit_now(e)
         raise
     finally:
         teardown_sampling_worker(sampler)
 
 
-def error_file(error_dir: str, rank: int) -> str:
-    return os.path.join(error_dir, f"worker-{rank}.err")
-
-
-def _write_traceback(ctx: SamplingWorkerContext) -> None:
-    if ctx.error_dir is not None:
-        try:
-            with open(error_file(ctx.error_dir, ctx.rank), "w") as f:
-                f.write(traceback.format_exc())
-        except OSError:
-            pass
-
-
-def _exit_with_traceback(ctx: SamplingWorkerContext) -> None:
-    """Leave the current exception's text for the parent and exit 1 now (no teardown)."""
-    _write_traceback(ctx)
-    traceback.print_exc()
+def _exit_now(e: BaseException) -> None:
+    """Record ``e`` for the parent's diagnosis, print it, and exit 1 now (no teardown)."""
+    with contextlib.suppress(BaseException), record_exception(stacks=False):
+        raise e
+    traceback.print_exception(type(e), e, e.__traceback__)
     flush_logging(logger)
     os._exit(1)
 
 
 def _worker_entry(worker_loop: WorkerLoop, ctx: SamplingWorkerContext) -> None:
-    """The spawned process's target: die with the trainer, stack dumps on, run the loop,
-    leave the exception text where the parent can quote it (an exit code alone says "1",
-    not "what raised").
+    """The spawned process's target: die with the trainer, stack dumps on, run the loop with
+    its exception recorded for the parent (:func:`healthkit.record_exception`): the
+    producer's diagnosis of the worker then names it, as any helper's (an exit code alone
+    says "1", not "what raised").
 
     Why the parent-death signal first: nothing else tells a worker that its trainer was
     SIGKILLed (OOM). Past the barrier it waits for commands or sits in ``send()`` forever,
@@ -556,8 +552,6 @@ def _worker_entry(worker_loop: WorkerLoop, ctx: SamplingWorkerContext) -> None:
         # Which process beats, and its barrier stack dumps answered by a dumper thread: a
         # stall report reads them without interrupting the worker.
         ctx.heartbeat.attach()
-    try:
+    # stacks=False: the barrier's own stack dumps answer (enabled above).
+    with record_exception(stacks=False):
         worker_loop(ctx)
-    except BaseException:
-        _write_traceback(ctx)
-        raise
