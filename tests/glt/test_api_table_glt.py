@@ -278,6 +278,11 @@ def test_every_exported_error_pickles_with_its_attributes() -> None:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error)
         assert (copy.args, str(copy), vars(copy)) == (error.args, str(error), vars(error))
+    # Every error healthkit_glt exports is one of healthkit's (callers catch one family).
+    import healthkit as hk
+
+    outside = [e.__name__ for e in errors if not issubclass(e, hk.HealthkitError)]
+    assert not outside, f"not HealthkitError subclasses: {outside}"
     lost = pickle.loads(pickle.dumps(examples[hg.SamplingServerLostError]))
     assert isinstance(lost, ConnectionError) and lost.server_rank == 1  # type: ignore[attr-defined]
 

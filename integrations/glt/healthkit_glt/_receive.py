@@ -47,7 +47,7 @@ from typing import Any, Literal, Protocol
 
 from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
 
-from healthkit import InvalidArgumentTypeError, ProcessWatch, UsageError, WatchSet
+from healthkit import HealthkitError, InvalidArgumentTypeError, ProcessWatch, UsageError, WatchSet
 from healthkit._shared import check_choice, check_int
 from healthkit.lowlevel import MAX_TIMEOUT_S
 from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
@@ -109,9 +109,10 @@ def _sem_value_word_works() -> bool:
         _libc.sem_destroy(addr)
 
 
-class RingLayoutError(RuntimeError):
+class RingLayoutError(HealthkitError, RuntimeError):
     """The channel's shared-memory ring is not GLT 0.2.4's layout (or not a ShmChannel):
-    ``receiver="ring"`` cannot be used with it; use ``"auto"`` or ``"thread"``."""
+    ``receiver="ring"`` cannot be used with it; use ``"auto"`` or ``"thread"``. A
+    ``HealthkitError`` (and a ``RuntimeError``, as before)."""
 
 
 class ErrorReported(Exception):
