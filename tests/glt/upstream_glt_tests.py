@@ -6,10 +6,11 @@ are extracted into ``build/upstream-glt-tests/`` and run there with pytest, afte
 changes written into the copies:
 
 - healthkit_glt swapped in: each test module starts by replacing GLT's
-  ``DistNeighborLoader``, ``DistLinkNeighborLoader``, ``DistSubGraphLoader``,
-  ``init_server`` and ``wait_and_shutdown_server`` in ``graphlearn_torch.distributed`` by
-  healthkit_glt's, so the tests' trainers, clients and servers (spawned processes that
-  import the module again) build ours (``--stock``: left as they are, the baseline);
+  ``DistNeighborLoader``, ``DistLinkNeighborLoader``, ``DistSubGraphLoader`` and
+  ``init_server`` in ``graphlearn_torch.distributed`` by healthkit_glt's, so the tests'
+  trainers, clients and servers (spawned processes that import the module again) build ours
+  (GLT's ``wait_and_shutdown_server`` stays: healthkit_glt's is GLT's, and calls it by that
+  name; ``--stock``: nothing swapped, the baseline);
 - CPU instead of CUDA (this machine has no GPU): ``torch.device('cuda', i)`` and
   ``'cuda:N'`` become the CPU device, ``ZERO_COPY`` graphs ``CPU`` ones, features
   ``with_gpu=False``, and ``pin_memory=False``. Nothing else of the tests changes: the
@@ -70,7 +71,7 @@ import graphlearn_torch.distributed as _glt_distributed
 import healthkit_glt as _healthkit_glt
 
 for _name in ("DistNeighborLoader", "DistLinkNeighborLoader", "DistSubGraphLoader",
-              "init_server", "wait_and_shutdown_server"):
+              "init_server"):
     setattr(_glt_distributed, _name, getattr(_healthkit_glt, _name))
 # --- end of the addition ---
 '''
