@@ -73,7 +73,7 @@ def build_dataset(
     from graphlearn_torch.distributed import DistDataset
 
     gen = torch.Generator().manual_seed(seed)
-    edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=gen)
+    edge_index = build_edge_index(num_nodes, num_edges, gen)
     features = torch.randn(num_nodes, feature_dim, generator=gen)
     labels = torch.randint(0, num_classes, (num_nodes,), generator=gen)
     dataset = DistDataset(
@@ -86,6 +86,17 @@ def build_dataset(
     dataset.init_node_features(features, with_gpu=False)
     dataset.init_node_labels(labels)
     return dataset
+
+
+def build_edge_index(
+    num_nodes: int = NUM_NODES, num_edges: int = NUM_EDGES, generator: Any = None
+) -> Any:
+    """The test graph's edges (``build_dataset``'s, for the same arguments): the seed edges
+    of a link loader."""
+    import torch
+
+    gen = generator if generator is not None else torch.Generator().manual_seed(GRAPH_SEED)
+    return torch.randint(0, num_nodes, (2, num_edges), generator=gen)
 
 
 def init_single_process_context(group_name: str = GROUP_NAME) -> None:

@@ -1,7 +1,7 @@
 """healthkit integration for graphlearn-torch: a sampling producer that fails fast instead of
 hanging, with GiGL's pluggable sampler factory and worker loop, on one machine
 (multiprocessing sampling) and in server-client mode (:func:`init_server` and
-``RemoteDistSamplingWorkerOptions``).
+``RemoteDistSamplingWorkerOptions``), under GLT's neighbor, link and subgraph loaders.
 
 Importing this imports torch and graphlearn-torch (``import healthkit`` does not).
 """
@@ -18,7 +18,7 @@ from healthkit_glt._config import (
     resolve_timeouts,
 )
 from healthkit_glt._lease import CONNECTION_TIMEOUT_ENV
-from healthkit_glt._loader import DistNeighborLoader
+from healthkit_glt._loader import DistLinkNeighborLoader, DistNeighborLoader, DistSubGraphLoader
 from healthkit_glt._producer import (
     DistSamplingProducer,
     SamplingError,
@@ -59,9 +59,11 @@ __all__ = [
     "STEADY_STATE_RPC_TIMEOUT_ENV",
     "BarrierBrokenError",
     "BarrierTimeoutError",
+    "DistLinkNeighborLoader",
     "DistNeighborLoader",
     "DistSamplingProducer",
     "DistServer",
+    "DistSubGraphLoader",
     "Receiver",
     "RemoteSamplingError",
     "RingLayoutError",
