@@ -157,11 +157,9 @@ def totals_ratio(epochs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     est = float(ratio(np.arange(len(rounds))))
     if len(rounds) < 2:
         return {"estimate": est, "ci": None}
-    rng = np.random.default_rng(SEED)
-    boot = ratio(rng.integers(0, len(rounds), (RESAMPLES, len(rounds))))
-    tail = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(boot, [tail, 1 - tail])
-    return {"estimate": est, "ci": [float(lo), float(hi)]}
+    # The shared bootstrap resamples round indices; the ratio is taken per resample.
+    lo, hi = bootstrap_ci(range(len(rounds)), lambda idx: ratio(idx.astype(int)))
+    return {"estimate": est, "ci": [lo, hi]}
 
 
 def verdict(ratios: list[float], statistic: str, quick: bool) -> dict[str, Any]:
