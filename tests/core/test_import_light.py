@@ -18,40 +18,29 @@ def test_import_healthkit_does_not_import_heavy_dependencies() -> None:
 
 
 def _core_imports() -> dict[str, set[str]]:
-    """Each core module -> the core modules it imports (at any level, lazily included,
-    ``if TYPE_CHECKING:`` blocks excluded: they never run)."""
-    import ast
-    from pathlib import Path
+    """Each core module -> the core modules it imports (``test_layers._imports``: at any
+    level, lazily included, ``if TYPE_CHECKING:`` blocks excluded: they never run)."""
+    from test_layers import ROOT, _imports
 
-    root = Path(__file__).resolve().parents[2] / "healthkit"
+    root = ROOT / "healthkit"
     graph: dict[str, set[str]] = {}
-    # The flat modules and the subpackages' (``_watchdog.core``; a package by its own name).
-    paths = [*root.glob("*.py"), *root.glob("_watchdog/*.py")]
-    for path in paths:
-        tree = ast.parse(path.read_text())
-        skipped: set[int] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-                skipped.update(id(n) for n in ast.walk(node))
-        deps: set[str] = set()
-        for node in ast.walk(tree):
-            if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:
-                continue
-            if node.module == "healthkit":
-                deps.update(alias.name for alias in node.names)
-            elif node.module.startswith("healthkit."):
-                deps.add(node.module.removeprefix("healthkit."))
+    for path in root.rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
         parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__" and len(parts) > 1:
-            parts = parts[:-1]
+            parts = parts[:-1]  # a package by its own name
         name = ".".join(parts)
+        deps = {t for _, t in _imports(path) if not t[:1].isupper() and t != "__version__"}
         graph[name] = deps - {name}
     return graph
 
 
 def test_the_core_has_no_import_circle() -> None:
     graph = _core_imports()
-    # The graph is real: it sees the subpackage's modules and their imports.
+    # The graph is real: it sees the subpackages' modules and their imports.
+    assert "_watch.stopsignals" in graph["_watchdog.core"]
+    assert "_os.proc" in graph["_diagnose.diagnosis"]
     assert "_watchdog.sidecar_host" in graph["_watchdog.core"]
     assert "_watchdog.sidecar_link" in graph["_watchdog.sidecar_host"]
     assert "_watchdog.protocol" in graph["_watchdog.sidecar_process"]

@@ -135,8 +135,9 @@ def _layer(module: str) -> int:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """The healthkit modules ``path`` imports at run time (``TYPE_CHECKING`` blocks left out),
-    each with its line."""
+    """The healthkit modules ``path`` imports at run time (``TYPE_CHECKING`` blocks left out,
+    lazy imports included), each with its line; also read by ``test_import_light``'s
+    circle check."""
     import ast
 
     tree = ast.parse(path.read_text())
@@ -158,7 +159,14 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             if base == "healthkit":
                 found += [(node.lineno, a.name) for a in node.names]
             elif base.startswith("healthkit."):
-                found.append((node.lineno, base.removeprefix("healthkit.")))
+                module = base.removeprefix("healthkit.")
+                found.append((node.lineno, module))
+                package = ROOT.joinpath("healthkit", *module.split("."))
+                found += [  # ``from healthkit._watch import stopsignals``: the submodule too
+                    (node.lineno, f"{module}.{a.name}")
+                    for a in node.names
+                    if (package / f"{a.name}.py").is_file()
+                ]
         elif isinstance(node, ast.Import):
             found += [
                 (node.lineno, a.name.removeprefix("healthkit."))
