@@ -23,9 +23,11 @@ from typing import Any
 from healthkit_glt._compat import (
     collate,
     init_loader_state,
-    set_loader_partitions,
     set_worker_ranks,
 )
+
+# The dataset's partitioning and types (from the dataset, or a server's meta): _compat's.
+from healthkit_glt._compat import set_loader_partitions as set_partitions
 
 __all__ = [
     "REQUIRED",
@@ -90,13 +92,6 @@ def build(
     loader._num_expected = loader._input_len // loader.batch_size
     if not loader.drop_last and loader._input_len % loader.batch_size != 0:
         loader._num_expected += 1
-
-
-def set_partitions(
-    loader: Any, num_partitions: int, partition_idx: int, ntypes: Any, etypes: Any
-) -> None:
-    """The dataset's partitioning and types (from the dataset, or a server's meta)."""
-    set_loader_partitions(loader, num_partitions, partition_idx, ntypes, etypes)
 
 
 def start_mp(
