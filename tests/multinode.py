@@ -9,12 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from linereader import LineReader
 from testutil import free_port
 
 JOB = str(Path(__file__).parent / "scripts" / "multinode_job.py")
+# c10d numbers the nodes by (address, agent pid): with one address, a pid counter that wraps
+# between the two starts would make the store's host (agent 0) node 1, and a stop of "node 1"
+# would take the store from node 0. Two spellings of loopback that sort in start order pin
+# agent 0 as node 0 (healthkit._tools.demo_multinode does the same).
+NODE_ADDRS = ("127.0.0.1", "localhost")
 READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+) round=(\d+)"
 
 
@@ -22,12 +28,12 @@ class Agent:
     """One torchrun agent (a "node"), in its own session so all it started can be found."""
 
     def __init__(self, port: int, run_id: str, nproc: int, job_args: list[str],
-                 env: dict[str, str], max_restarts: int = 0) -> None:
+                 env: dict[str, str], node: int, max_restarts: int = 0) -> None:
         self.cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
             f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
-            f"--max_restarts={max_restarts}",
+            f"--max_restarts={max_restarts}", f"--local_addr={NODE_ADDRS[node]}",
             "--monitor_interval=0.1", JOB, *job_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
@@ -45,14 +51,16 @@ class Job:
     """Two agents; agent 0 is started first, so it hosts the rendezvous store."""
 
     def __init__(self, job_args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None,
-                 max_restarts: int = 0) -> None:
+                 max_restarts: int = 0, between_agents: Callable[[], None] | None = None) -> None:
         port = free_port()
         run_id = f"hk{os.getpid()}{time.monotonic_ns() % 100000}"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.nproc = nproc
-        self.agents = [Agent(port, run_id, nproc, job_args, full_env, max_restarts)]
+        self.agents = [Agent(port, run_id, nproc, job_args, full_env, 0, max_restarts)]
         time.sleep(1.0)  # agent 0 binds the endpoint: it hosts the store
-        self.agents.append(Agent(port, run_id, nproc, job_args, full_env, max_restarts))
+        if between_agents is not None:
+            between_agents()
+        self.agents.append(Agent(port, run_id, nproc, job_args, full_env, 1, max_restarts))
         self.known: set[int] = {a.proc.pid for a in self.agents}
 
     def wait_ready(self, timeout: float = 150, round: int = 0) -> None:

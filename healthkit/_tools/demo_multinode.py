@@ -76,11 +76,19 @@ def _free_port() -> int:
     raise RuntimeError("no free port found for the rendezvous")
 
 
+# Each agent's address as the rendezvous knows it. c10d numbers the nodes in the order of
+# (address, agent pid); the first agent started binds the endpoint and hosts the store. With
+# one address for both, a pid counter that wraps between the two starts makes the store's
+# host node 1. Two spellings of loopback that sort in start order keep it node 0.
+NODE_ADDRS = ("127.0.0.1", "localhost")
+
+
 class _Agent:
-    def __init__(self, port: int, run_id: str, guarded: bool) -> None:
+    def __init__(self, port: int, run_id: str, guarded: bool, node: int) -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                "--nproc_per_node=2", "--rdzv_backend=c10d",
                f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}", "--max_restarts=0",
+               f"--local_addr={NODE_ADDRS[node]}",
                "--monitor_interval=0.1", "-m", "healthkit._tools.demo_multinode"]  # fmt: skip
         if guarded:
             cmd.append("--healthkit")
@@ -122,9 +130,9 @@ class _Agent:
 def _one(guarded: bool, hang_timeout: float, out: TextIO) -> tuple[str, list[str]]:
     port = _free_port()
     run_id = f"healthkit-demo-{os.getpid()}-{int(guarded)}"
-    agents = [_Agent(port, run_id, guarded)]
+    agents = [_Agent(port, run_id, guarded, 0)]
     time.sleep(1.0)  # node 0's agent hosts the rendezvous store
-    agents.append(_Agent(port, run_id, guarded))
+    agents.append(_Agent(port, run_id, guarded, 1))
     try:
         ready: dict[int, tuple[int, int]] = {}  # rank -> (node, helper)
         deadline = time.monotonic() + 180

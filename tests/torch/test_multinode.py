@@ -116,11 +116,13 @@ def test_a_healthy_end_and_a_rank_that_finishes_early_publish_nothing(mode: str)
     assert len(re.findall(r"JOB DONE", "\n".join(o for _, o in results))) == 4
 
 
-def _stop_node_1(mode: str, stop: Callable[[Job], None]) -> str:
+def _stop_node_1(mode: str, stop: Callable[[Job], None],
+                 between_agents: Callable[[], None] | None = None) -> str:
     """Node 0 and node 1 compute; ``stop`` stops node 1 the way a launcher or a user does.
     Node 1's ranks and helpers die of that stop, node 0's ranks go on (nobody told them to
     stop), no summary names a healthkit cause, and nothing says "stopped because"."""
-    job = Job(["--healthkit", "--mode", mode, "--phase-a", "compute", "--phase-b", "compute"])
+    job = Job(["--healthkit", "--mode", mode, "--phase-a", "compute", "--phase-b", "compute"],
+              between_agents=between_agents)
     try:
         job.wait_ready()
         time.sleep(SETTLE_S[mode])
@@ -145,6 +147,27 @@ def test_a_launchers_stop_of_one_node_is_not_told_to_the_other(mode: str) -> Non
     groups (their helpers, sidecars and witnesses with them)."""
     node1 = _stop_node_1(mode, lambda job: job.agent_of(1).proc.send_signal(signal.SIGTERM))
     assert "closing signal SIGTERM" in node1, node1
+
+
+def _wrap_the_pid_counter() -> None:
+    """The next process gets the lowest pid again (as after 32,768 pids on a default
+    machine), so agent 1 runs with a lower pid than agent 0."""
+    with open(NS_LAST_PID, "w") as f:
+        f.write(str(int(Path("/proc/sys/kernel/pid_max").read_text()) - 1))
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs CAP_SYS_ADMIN")
+def test_node_1_is_not_the_stores_host_when_the_pid_counter_wraps_between_the_agents() -> None:
+    """c10d numbers the nodes by (address, agent pid). With one address for both agents, a
+    pid wrap between their starts made the store's host node 1: a stop of node 1 took the
+    store from node 0 and torchrun ended node 0 too (a failed CI run). The agents' addresses
+    keep the first one node 0, whatever the pids."""
+    _stop_node_1("thread", lambda job: job.agent_of(1).proc.send_signal(signal.SIGTERM),
+                 between_agents=_wrap_the_pid_counter)
 
 
 @pytest.mark.timeout(240)
