@@ -63,12 +63,23 @@ def cmdline(pid: int) -> str:
 
 
 def spawned_worker_pids(pid: int | None = None) -> list[int]:
-    """Children started by the spawn start method (not the resource tracker)."""
-    return [
-        p
-        for p in children(os.getpid() if pid is None else pid)
-        if "multiprocessing.spawn" in cmdline(p) and "resource_tracker" not in cmdline(p)
-    ]
+    """Children started by the spawn start method (not the resource tracker), in the order
+    they were started: a producer starts its workers in rank order, so this is rank order."""
+    parent = os.getpid() if pid is None else pid
+    return in_start_order(
+        [p for p in children(parent)
+         if "multiprocessing.spawn" in cmdline(p) and "resource_tracker" not in cmdline(p)],
+        parent,
+    )  # fmt: skip
+
+
+def in_start_order(pids: Sequence[int], parent: int) -> list[int]:
+    """``parent``'s children in the order the kernel gave out their pids. Not numeric order:
+    the pid counter wraps at ``pid_max`` (32,768 by default; a suite run spawns more than
+    that), and a worker started just after the wrap has the lower pid. Each child's pid
+    comes after its parent's, counted round the wrap."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return sorted(pids, key=lambda p: (p - parent) % pid_max)
 
 
 def alive(pid: int) -> bool:

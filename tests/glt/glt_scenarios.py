@@ -151,7 +151,7 @@ def _kill_a_worker_during_init(victim: int, after: float, stamp: list[float]) ->
     def killer() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            pids = sorted(procs.spawned_worker_pids())
+            pids = procs.spawned_worker_pids()
             if len(pids) == 2:
                 time.sleep(after)
                 os.kill(pids[victim], signal.SIGKILL)
@@ -217,7 +217,7 @@ def scenario_hk_init_sigkill_arrived(after: float = 0.3) -> None:
         while not os.listdir(markers) and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(after)
-        pids = sorted(procs.spawned_worker_pids())
+        pids = procs.spawned_worker_pids()
         os.kill(pids[1], signal.SIGKILL)
         stamp.append(time.monotonic())
         _say(f"SIGKILLed sampling worker 1 (pid {pids[1]}) at the init barrier")
@@ -630,7 +630,7 @@ def scenario_hk_trainer(phase: str = "epoch") -> None:
             else:
                 while len(os.listdir(markers)) < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
-            _result(phase=phase, worker_pids=sorted(procs.spawned_worker_pids()), shmid=None)
+            _result(phase=phase, worker_pids=procs.spawned_worker_pids(), shmid=None)
 
         threading.Thread(target=report, daemon=True).start()
         _hk_loader(dataset, rpc_init_timeout=60, worker_loop=slow_init_loop,

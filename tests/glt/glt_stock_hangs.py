@@ -176,7 +176,7 @@ def _scenario_hang_init(kill_after: float = 0.5, victim: int = 0) -> None:
     def killer() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            pids = sorted(spawned_worker_pids())
+            pids = spawned_worker_pids()
             if len(pids) == 2:
                 time.sleep(kill_after)  # let it get into interpreter / torch start-up
                 os.kill(pids[victim], signal.SIGKILL)
