@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Iterator
 
 import pytest
+from testutil import close_interrupted_torch_probes
 
 from healthkit import lowlevel
 
@@ -122,6 +123,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         if not (children or threads or fds) or time.monotonic() > deadline:
             break
         time.sleep(0.02)  # let exiting threads and processes finish (bounded)
+    fds -= close_interrupted_torch_probes(fds)
     problems = []
     if children:
         problems.append("child processes left: " + "; ".join(_describe(p) for p in children))

@@ -4,11 +4,15 @@ the core itself: ``healthkit.lowlevel.children`` and ``descendants``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import socket
+import stat
+import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -132,3 +136,32 @@ def remove_cgroup(path: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+# torch's DataLoader, when a receive from its workers raises, opens ten NamedTemporaryFiles to
+# tell "too many open files" from the rest (``_try_get_data``). torch's own SIGCHLD handler
+# raises from wherever the main thread is; when a worker's death lands right after one of
+# those ``open()`` calls returns, inside tempfile's ``_mkstemp_inner``, the fd is open and no
+# object owns it: it stays open, and its file (``tmp`` + 8 characters, tempfile's default
+# name, which healthkit never uses) stays too. Measured: 1 in 20 to 30 runs of the crash tests
+# under load, on torch 2.3 and 2.13. torch's leak, not the test's: closed and removed here.
+_TORCH_PROBE = re.compile(re.escape(tempfile.gettempdir()) + r"/tmp[a-z0-9_]{8}")
+
+
+def close_interrupted_torch_probes(fds: set[int]) -> set[int]:
+    """Close (and remove the file of) each of ``fds`` that is such a probe; return them."""
+    if "torch.utils.data.dataloader" not in sys.modules:
+        return set()
+    closed = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if _TORCH_PROBE.fullmatch(target) and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+            closed.add(fd)
+    return closed

@@ -408,8 +408,12 @@ def scenario_hk_epoch_stop(how: str = "group") -> None:
     loop that saves a checkpoint on it). ``group``: another process SIGTERMs this process's
     whole group, as torchrun stops a worker; the sampling workers die of it. ``alone``:
     worker 1 alone gets a SIGTERM, nothing stops this process. ``kill``: the group stop,
-    and worker 1 SIGKILLed as it comes. Reports how the loader ended, and every line it
-    logged at ERROR."""
+    and worker 1 SIGKILLed as it comes. ``ctrl-c``: a Ctrl-C in the terminal (SIGINT to the
+    foreground group): the workers end of it, this process catches the KeyboardInterrupt (as
+    a notebook cell does) and asks for the next batch. ``ctrl-c-alone``: worker 1 alone gets
+    the SIGINT. ``ctrl-c-exit``: the group's Ctrl-C, not caught: the script ends with the
+    KeyboardInterrupt's traceback. Reports how the loader ended, and every line it logged at
+    ERROR."""
     import subprocess
 
     import healthkit_glt as hg
@@ -436,11 +440,22 @@ def scenario_hk_epoch_stop(how: str = "group") -> None:
         os.kill(workers[1].pid, signal.SIGKILL)
     # Sent by another process, as torchrun sends it: torch's worker handler exits 0 on its
     # parent's SIGTERM and dies of anyone else's. A negative pid: the whole group.
-    target = -os.getpgrp() if how in ("group", "kill") else workers[1].pid
-    subprocess.run([sys.executable, "-c", "import os, signal, sys; "
-                    "os.kill(int(sys.argv[1]), signal.SIGTERM)", str(target)],
-                   start_new_session=True, check=True, timeout=60)  # fmt: skip
-    _say(f"stop sent ({how})")
+    target = workers[1].pid if how.endswith("alone") else -os.getpgrp()
+    sig = signal.SIGINT if how.startswith("ctrl-c") else signal.SIGTERM
+    interrupts = 0
+    try:
+        subprocess.run([sys.executable, "-c", "import os, sys; "
+                        "os.kill(int(sys.argv[1]), int(sys.argv[2]))", str(target), str(int(sig))],
+                       start_new_session=True, check=True, timeout=60)  # fmt: skip
+        _say(f"stop sent ({how})")
+        if how in ("ctrl-c", "ctrl-c-exit"):
+            time.sleep(30)  # the KeyboardInterrupt comes here at the latest
+    except KeyboardInterrupt:
+        if how == "ctrl-c-exit":
+            _say("KeyboardInterrupt: not caught")
+            raise
+        interrupts += 1
+        _say("KeyboardInterrupt caught; asking for the next batch")
     n = 1
     try:
         while True:
@@ -457,6 +472,7 @@ def scenario_hk_epoch_stop(how: str = "group") -> None:
         except (hg.SamplingStoppedError, hg.SamplingWorkerDiedError) as e2:
             again = type(e2).__name__
         _result(outcome="raised", batches=n, stops_seen=len(stops), errors=errors,
+                interrupts=interrupts,
                 ranks=list(getattr(e, "ranks", [getattr(e, "rank", None)])),
                 worker_exit_codes=[w.exitcode for w in workers], again=again,
                 children_left=procs.spawned_worker_pids(), **_error_fields(e))  # fmt: skip

@@ -794,6 +794,51 @@ def test_workers_ended_by_a_group_stop_are_not_a_failure_and_one_stopped_alone_i
     assert run.survivors == [] and run.leaked_segments == []
 
 
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c-alone"])
+def test_a_ctrl_c_ends_the_workers_as_a_stop_and_a_sigint_to_one_worker_alone_is_a_failure(
+    how: str,
+) -> None:
+    """A Ctrl-C in the terminal: SIGINT to the foreground group, trainer and workers alike.
+    The workers end of it; the trainer catches its KeyboardInterrupt (a notebook cell, a
+    loop that asks "really quit?") and asks for the next batch: SamplingStoppedError naming
+    the SIGINT, nothing logged at ERROR, nothing published. The twin: the same SIGINT to
+    worker 1 alone, nothing stops the trainer: a failure naming that worker."""
+    run = sc.run_scenario("hk-epoch-stop", [how], timeout=150)
+    r = run.result
+    assert run.returncode == 0, run.output
+    assert r["outcome"] == "raised", r
+    if how == "ctrl-c":
+        assert r["interrupts"] == 1, r
+        assert r["type"] == "SamplingStoppedError", r["message"]
+        assert "ended while this process was being stopped" in r["message"]
+        assert "(SIGINT " in r["message"] and "not a failure" in r["message"]
+        assert r["errors"] == [], r["errors"]
+    else:
+        assert r["interrupts"] == 0, r
+        assert r["type"] == "SamplingWorkerDiedError", r["message"]
+        assert r["ranks"] == [1], r
+        assert r["again"] == "SamplingWorkerDiedError"
+    assert r["children_left"] == []
+    assert run.survivors == [] and run.leaked_segments == []
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S)
+def test_an_uncaught_ctrl_c_ends_the_script_with_its_traceback_and_nothing_else() -> None:
+    """The usual Ctrl-C: nobody catches the KeyboardInterrupt. The script ends with its
+    traceback, promptly (the interpreter's exit shuts the live loader down); no worker is
+    reported dead, nothing is logged at ERROR, no process or ring segment is left."""
+    run = sc.run_scenario("hk-epoch-stop", ["ctrl-c-exit"], timeout=150)
+    assert run.returncode is not None, run.output  # not hung
+    assert "KeyboardInterrupt: not caught" in run.output, run.output
+    assert "Traceback" in run.output and "KeyboardInterrupt" in run.output
+    assert run.results == [], run.results
+    for line in run.output.splitlines():
+        assert not line.startswith(("ERROR", "CRITICAL")), run.output
+    assert "SamplingWorkerDiedError" not in run.output and "died" not in run.output, run.output
+    assert run.survivors == [] and run.leaked_segments == []
+
+
 @pytest.mark.timeout(2 * SUBPROCESS_TIMEOUT_S)
 def test_worker_hanging_during_init_fails_at_the_bound_with_the_hanging_stack() -> None:
     """The stack must show where the worker hangs. A 15 s bound is several times a worker's

@@ -1,7 +1,8 @@
 """End to end under torchrun: 2 ranks (gloo), the GL server on local rank 0, both ranks in a
 loop of sampling + all_reduce (examples/graphlearn_negative_sampler.py). Killing the server
 ends the job in seconds with the server named as torchrun's root cause; the same job left
-alone finishes with exit code 0."""
+alone finishes with exit code 0; a scheduler's SIGTERM or a Ctrl-C ends it without naming
+the server, which dies of the same stop."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gl_procs import EXAMPLE, alarms
+from gl_procs import EXAMPLE, alarms, pid_gone
 from linereader import LineReader
 from testutil import free_port
 
@@ -128,3 +129,32 @@ def test_the_same_job_left_alone_finishes_with_exit_code_0(tmp_path: Path, worke
     assert "Root Cause" not in out
     assert alarms(out) == [], out[-5000:]
     assert strays == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_a_launchers_stop_or_a_ctrl_c_ends_the_job_without_naming_the_server(
+    tmp_path: Path, how: str
+) -> None:
+    """The twins of the server kill, where nothing failed. A scheduler stops the job: SIGTERM
+    to torchrun, which SIGTERMs each rank's process group (rank 0's holds the server). A
+    Ctrl-C in its terminal: SIGINT to torchrun's group, which passes SIGINT on to the ranks'
+    groups. The server dies of the same stop as its rank: no rank reports it as a failure,
+    torchrun's summary names no healthkit cause, and nothing of the job is left."""
+    _gl_available()
+    job = Job(tmp_path, "--steps", "0")  # train until stopped
+    server = job.wait_training()
+    if how == "sigterm":
+        job.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(job.proc.pid, signal.SIGINT)  # torchrun's session: its own group
+    rc, out, strays = job.finish(timeout=90)
+    assert rc is not None, "the job hung after its stop:\n" + out[-5000:]
+    left = not pid_gone(server)
+    if left:
+        os.kill(server, signal.SIGKILL)  # ours: started by this test's job
+    assert not left, "the server outlived the stop:\n" + out[-5000:]
+    assert strays == []
+    assert "healthkit_graphlearn (" not in out and "healthkit watchdog" not in out, out[-5000:]
+    assert "stopped because" not in out and "was killed by" not in out, out[-5000:]
+    assert alarms(out) == [], out[-5000:]
