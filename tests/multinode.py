@@ -15,12 +15,11 @@ from pathlib import Path
 from linereader import LineReader
 from testutil import free_port
 
+# Each agent's --local_addr: agent 0 (the store's host) stays node 0 whatever the pids (see
+# the demo's note).
+from healthkit._tools.demo_multinode import NODE_ADDRS
+
 JOB = str(Path(__file__).parent / "scripts" / "multinode_job.py")
-# c10d numbers the nodes by (address, agent pid): with one address, a pid counter that wraps
-# between the two starts would make the store's host (agent 0) node 1, and a stop of "node 1"
-# would take the store from node 0. Two spellings of loopback that sort in start order pin
-# agent 0 as node 0 (healthkit._tools.demo_multinode does the same).
-NODE_ADDRS = ("127.0.0.1", "localhost")
 READY = r"READY node=(\d+) rank=(\d+) pid=(\d+) helper=(\d+) round=(\d+)"
 
 
