@@ -4,7 +4,10 @@
 core's errors (:class:`healthkit.InvalidArgumentError` naming the argument, the same message
 shapes) through these validators, make the names they export report their public module
 through :func:`publish`, and read ``/proc`` through the core's readers
-(:func:`sysv_shm_segments`: healthkit_glt's channel segment). This module is not public
+(:func:`sysv_shm_segments`: healthkit_glt's channel segment), and register their interpreter
+exit steps in the core's one exit sequence (:func:`at_exit`, :mod:`healthkit._runtime`), so
+that their order against the core's steps and multiprocessing's teardown is written down in
+one place. This module is not public
 API: the four distributions are released together under one version
 (``healthkit/_version.py``), so it changes with them, and ``tests/core/test_layers.py``
 checks that only they import it. What an application or an
@@ -26,8 +29,10 @@ from healthkit._errors import (
     check_timeout,
 )
 from healthkit._os.proc import sysv_shm_segments
+from healthkit._runtime import at_exit
 
 __all__ = [
+    "at_exit",
     "check_bool",
     "check_bound",
     "check_callable",

@@ -803,7 +803,7 @@ def test_a_ctrl_c_ends_the_workers_as_a_stop_and_a_sigint_to_one_worker_alone_is
     The workers end of it; the trainer catches its KeyboardInterrupt (a notebook cell, a
     loop that asks "really quit?") and asks for the next batch: SamplingStoppedError naming
     the SIGINT, nothing logged at ERROR, nothing published. The twin: the same SIGINT to
-    worker 1 alone, nothing stops the trainer: a failure naming that worker."""
+    worker 1 alone, nothing stops the trainer: a failure naming that worker and the SIGINT."""
     run = sc.run_scenario("hk-epoch-stop", [how], timeout=150)
     r = run.result
     assert run.returncode == 0, run.output
@@ -818,6 +818,8 @@ def test_a_ctrl_c_ends_the_workers_as_a_stop_and_a_sigint_to_one_worker_alone_is
         assert r["interrupts"] == 0, r
         assert r["type"] == "SamplingWorkerDiedError", r["message"]
         assert r["ranks"] == [1], r
+        # the worker ends by SIGINT (not exit 0), so the diagnosis names what ended it
+        assert "killed by SIGINT" in r["message"], r["message"]
         assert r["again"] == "SamplingWorkerDiedError"
     assert r["children_left"] == []
     assert run.survivors == [] and run.leaked_segments == []

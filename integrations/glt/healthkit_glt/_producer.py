@@ -31,7 +31,6 @@ teardown (:class:`healthkit_glt._compat.RingSegment`).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import inspect
 import logging
@@ -64,6 +63,7 @@ from healthkit import (
     stop,
 )
 from healthkit._shared import (
+    at_exit,
     check_bool,
     check_bound,
     check_callable,
@@ -245,22 +245,14 @@ def _worker_exceptions(dead: Sequence[tuple[int, Diagnosis | None]]) -> str:
 
 
 _live_producers: weakref.WeakSet[DistSamplingProducer] = weakref.WeakSet()
-_atexit_registered = False
 
 
 def _shutdown_live_producers() -> None:
-    """atexit: give live workers a clean STOP before multiprocessing's own atexit hook
-    (registered earlier, so it runs later) SIGTERMs daemon children."""
+    """At interpreter exit: give live workers a clean STOP before multiprocessing's own exit
+    hook SIGTERMs daemon children (the core's exit sequence runs its "atexit" phase first)."""
     for producer in list(_live_producers):
         with contextlib.suppress(Exception):
             producer.shutdown()
-
-
-def _register_atexit_once() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_shutdown_live_producers)
 
 
 def _check_arguments(
@@ -486,7 +478,7 @@ class DistSamplingProducer(DistMpSamplingProducer):  # type: ignore[misc]
             reports=self._reports_r, report_flag=self._report_flag,
         )  # fmt: skip
         _live_producers.add(self)
-        _register_atexit_once()
+        at_exit("atexit", "healthkit_glt: live producers shut down", _shutdown_live_producers)
 
     def _spawn_and_wait(self) -> None:
         if self.sampling_config.seed is not None:

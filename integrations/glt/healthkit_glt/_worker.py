@@ -16,6 +16,8 @@ import datetime
 import logging
 import os
 import queue
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -502,10 +504,17 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
     parent (:func:`healthkit.record_exception`): an orderly RPC shutdown first would delay
     the parent's report by seconds, and let a peer die of the broken connection first and
     be reported as the cause.
+
+    A KeyboardInterrupt (a Ctrl-C reaches the whole foreground group) prints nothing: the
+    trainer reports it itself. After the teardown the worker ends by SIGINT, as an
+    interpreter does for an uncaught one, so its exit status says what ended it: the trainer
+    reads a group's Ctrl-C as a stop, and a SIGINT sent to this worker alone as a failure
+    naming SIGINT (not "exited cleanly").
     """
     _check_context(ctx)
     sampler = None
     passed = False
+    interrupted = False
     try:
         init_sampling_worker(ctx)
         sampler = start_sampler(ctx)
@@ -517,13 +526,27 @@ def default_worker_loop(ctx: SamplingWorkerContext) -> None:
         # through finally is the orderly part, so no traceback here.
         logger.info("sampling worker %d: %s; tearing down", ctx.rank, e)
     except KeyboardInterrupt:
-        pass  # the main process raises KeyboardInterrupt itself
+        interrupted = True  # the main process raises KeyboardInterrupt itself
     except BaseException as e:
         if not passed:
             _exit_now(e)
         raise
     finally:
         teardown_sampling_worker(sampler)
+    if interrupted:
+        _end_by_sigint()
+
+
+def _end_by_sigint() -> None:
+    """End this process by SIGINT's default action (exit status: killed by SIGINT)."""
+    flush_logging(logger)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(128 + signal.SIGINT)  # not reached: the signal ends the process first
 
 
 def _exit_now(e: BaseException) -> None:
