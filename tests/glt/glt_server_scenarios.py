@@ -203,10 +203,51 @@ def failed_producers() -> list[dict[str, Any]]:
     return out
 
 
-def server_footprint() -> dict[str, Any]:
+_TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listen"}
+
+
+def _tcp_states() -> dict[str, str]:
+    """Socket inode -> TCP state of this process's network namespace (``/proc/net/tcp*``)."""
+    states: dict[str, str] = {}
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/self/net/{name}") as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                states[cols[9]] = _TCP_STATES.get(cols[3], cols[3])
+    return states
+
+
+def _fd_kinds() -> dict[str, int]:
+    """This process's fds by kind: a path, ``pipe``, ``anon_inode:[pidfd]``..., and sockets
+    by TCP state (``socket close-wait``: its peer has closed it, this process not yet)."""
+    tcp = _tcp_states()
+    kinds: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                kind = f"socket {tcp.get(target[8:-1], 'other')}"
+            else:
+                kind = "pipe" if target.startswith("pipe:[") else target
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def server_footprint(settle_s: float = 10.0) -> dict[str, Any]:
     """Runs on the server (a client's RPC): what a failed producer could leave in it:
     open fds, and the named semaphores it has mapped (``/dev/shm/sem.*``: multiprocessing's
-    locks, queues and values; a semaphore's name is unlinked only when its object is freed)."""
+    locks, queues and values; a semaphore's name is unlinked only when its object is freed).
+
+    The count waits, up to ``settle_s``, until no socket is half-closed: the client's loader
+    has just closed its lease, and the server's lease thread closes its end when it reads
+    the end-of-file, a moment later (under load, after this RPC: one socket more, once, in
+    a CI run). A socket the server never closes stays half-closed and is counted."""
+    start = time.monotonic()
+    kinds = _fd_kinds()
+    half_closed = kinds.get("socket close-wait", 0)
+    while kinds.get("socket close-wait") and time.monotonic() < start + settle_s:
+        time.sleep(0.05)
+        kinds = _fd_kinds()
     with open("/proc/self/maps") as f:  # glibc maps each semaphore it opens
         inodes = {int(line.split()[4]) for line in f if "/dev/shm/sem." in line}
     named = 0  # those whose name is still in /dev/shm (a mapping's path is glibc's temporary)
@@ -214,8 +255,9 @@ def server_footprint() -> dict[str, Any]:
         for entry in entries:
             with contextlib.suppress(OSError):
                 named += entry.name.startswith("sem.") and entry.inode() in inodes
-    return {"fds": len(os.listdir("/proc/self/fd")), "semaphores": len(inodes),
-            "semaphore_files": named}  # fmt: skip
+    return {"fds": sum(kinds.values()), "fd_kinds": kinds, "semaphores": len(inodes),
+            "semaphore_files": named, "half_closed_at_first": half_closed,
+            "settled_s": round(time.monotonic() - start, 3)}  # fmt: skip
 
 
 def server_main(mode: str, port: int, num_clients: int, out: Any, featured: int) -> None:

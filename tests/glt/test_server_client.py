@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -347,7 +348,9 @@ def test_a_long_lived_server_keeps_no_fd_or_semaphore_of_its_failed_producers() 
     held the frames it was raised through, the producer's among them, in a reference cycle:
     11 named semaphores in /dev/shm and 4 fds stayed per failed producer until the cyclic
     GC ran (+13 semaphores and +9 fds for an init failure). Now the server holds after the
-    second and third what it held after the first. (21 cycles: tests/glt/soak_glt.py.)"""
+    second and third what it held after the first. (21 cycles: tests/glt/soak_glt.py.)
+    Each count waits for the server to close the lease its client just closed (a socket
+    half-closed for a moment, under load after the count's RPC: one fd more, once, in CI)."""
     run = _started("fail-rebuild", ("3", "0", "worker-death,sampler-error,init-failure"))
     assert run.returncode == 0 and run.survivors == [], run.output[-8000:]
     r = run.result
@@ -360,9 +363,41 @@ def test_a_long_lived_server_keeps_no_fd_or_semaphore_of_its_failed_producers() 
     first = per[0]
     assert first["semaphores"] == first["semaphore_files"]  # the count sees named ones
     for x in per[1:]:
-        assert (x["fds"], x["semaphores"], x["semaphore_files"]) == (
-            first["fds"], first["semaphores"], first["semaphore_files"]), per  # fmt: skip
+        kinds = {k for c in (first, x) for k in c["fd_kinds"]}
+        changed = {k: (first["fd_kinds"].get(k, 0), x["fd_kinds"].get(k, 0)) for k in kinds
+                   if first["fd_kinds"].get(k, 0) != x["fd_kinds"].get(k, 0)}  # fmt: skip
+        held = (x["fds"], x["semaphores"], x["semaphore_files"])
+        assert held == (first["fds"], first["semaphores"], first["semaphore_files"]), (
+            x["kind"], changed)  # fmt: skip
     assert r["orphan_segments_removed"] == 0 and run.leaked_segments == []
+
+
+@pytest.mark.timeout(60)
+def test_the_footprint_waits_for_a_half_closed_socket_and_counts_one_never_closed() -> None:
+    """The count above waits for half-closed sockets to go: its twin. One the process never
+    closes is still counted (after the wait), and one closed during the wait ends it early."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        conn, _ = server.accept()
+        before = ssc.server_footprint(settle_s=0)
+        client.close()
+        deadline = time.monotonic() + 10
+        while not ssc._fd_kinds().get("socket close-wait") and time.monotonic() < deadline:
+            time.sleep(0.01)  # the peer's FIN reaches this end
+        start = time.monotonic()
+        kept = ssc.server_footprint(settle_s=0.5)
+        assert time.monotonic() - start >= 0.5
+        assert kept["half_closed_at_first"] == 1 and kept["fd_kinds"]["socket close-wait"] == 1
+        assert kept["fds"] == before["fds"] - 1, (before, kept)  # the client's end is gone
+        closer = threading.Timer(0.3, conn.close)
+        closer.start()
+        start = time.monotonic()
+        settled = ssc.server_footprint(settle_s=30)
+        closer.join()
+        assert time.monotonic() - start < 20  # it ended when the socket went, not at 30 s
+        assert settled["half_closed_at_first"] == 1
+        assert "socket close-wait" not in settled["fd_kinds"], settled
+        assert settled["fds"] == before["fds"] - 2, (before, settled)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
