@@ -240,8 +240,9 @@ def server_footprint(settle_s: float = 10.0) -> dict[str, Any]:
 
     The count waits, up to ``settle_s``, until no socket is half-closed: the client's loader
     has just closed its lease, and the server's lease thread closes its end when it reads
-    the end-of-file, a moment later (under load, after this RPC: one socket more, once, in
-    a CI run). A socket the server never closes stays half-closed and is counted."""
+    the end-of-file, a moment later (under load, after this RPC: the likely cause of one
+    socket more, once, in a CI run). A socket the server never closes stays half-closed and
+    is counted."""
     start = time.monotonic()
     kinds = _fd_kinds()
     half_closed = kinds.get("socket close-wait", 0)

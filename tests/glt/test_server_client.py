@@ -350,7 +350,8 @@ def test_a_long_lived_server_keeps_no_fd_or_semaphore_of_its_failed_producers() 
     GC ran (+13 semaphores and +9 fds for an init failure). Now the server holds after the
     second and third what it held after the first. (21 cycles: tests/glt/soak_glt.py.)
     Each count waits for the server to close the lease its client just closed (a socket
-    half-closed for a moment, under load after the count's RPC: one fd more, once, in CI)."""
+    half-closed for a moment: the likely cause of one fd more, once, in CI); the fds are
+    counted by kind, so a difference names what was left."""
     run = _started("fail-rebuild", ("3", "0", "worker-death,sampler-error,init-failure"))
     assert run.returncode == 0 and run.survivors == [], run.output[-8000:]
     r = run.result
