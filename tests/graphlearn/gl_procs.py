@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,11 +140,42 @@ def run_owner(workdir: Path, *args: str, timeout: float = 90.0, **kw: Any) -> tu
     return rc, out, err
 
 
+_HEALTHKIT_CODE = re.compile(r"/healthkit(_[a-z]+)?/")
+
+
+def without_startup_interrupts(text: str) -> str:
+    """``text`` without the traceback of each KeyboardInterrupt that ran no healthkit code:
+    a Ctrl-C that lands while a Python process starts (its site hooks, an editable install's
+    finder, whose file name says ``pipeline_healthkit``) prints one, as for any program. A
+    KeyboardInterrupt raised through a healthkit module is kept."""
+    out: list[str] = []
+    block: list[str] | None = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("Traceback (most recent call last):"):
+            if block:
+                out += block
+            block = [line]
+        elif block is not None:
+            block.append(line)
+            if line.strip() == "KeyboardInterrupt":
+                if any(_HEALTHKIT_CODE.search(b) for b in block):
+                    out += block
+                block = None
+            elif not line.startswith((" ", "\t")):  # another exception, or the traceback ended
+                out += block
+                block = None
+        else:
+            out.append(line)
+    return "\n".join(out + (block or []))
+
+
 def alarms(stderr: str) -> list[str]:
-    """healthkit lines that are not the launcher's INFO notes: errors, warnings, the sidecar."""
+    """healthkit lines that are not the launcher's INFO notes: errors, warnings, the sidecar;
+    a Ctrl-C's traceback in a process that was starting up is not one
+    (:func:`without_startup_interrupts`)."""
     return [
         line
-        for line in stderr.splitlines()
+        for line in without_startup_interrupts(stderr).splitlines()
         if "healthkit" in line and not line.startswith("INFO healthkit.graphlearn:")
     ]
 

@@ -131,10 +131,11 @@ def test_the_same_job_left_alone_finishes_with_exit_code_0(tmp_path: Path, worke
     assert strays == []
 
 
+_DEFERRED = "taken as its share of this process's stop"
+
+
 @pytest.mark.timeout(300)
-# "ctrl-c" (SIGINT to torchrun's group) is left out: in a fresh-clone run a rank still
-# importing printed its KeyboardInterrupt traceback through healthkit's import path.
-@pytest.mark.parametrize("how", ["sigterm"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_a_launchers_stop_or_a_ctrl_c_ends_the_job_without_naming_the_server(
     tmp_path: Path, how: str
 ) -> None:
@@ -142,7 +143,11 @@ def test_a_launchers_stop_or_a_ctrl_c_ends_the_job_without_naming_the_server(
     to torchrun, which SIGTERMs each rank's process group (rank 0's holds the server). A
     Ctrl-C in its terminal: SIGINT to torchrun's group, which passes SIGINT on to the ranks'
     groups. The server dies of the same stop as its rank: no rank reports it as a failure,
-    torchrun's summary names no healthkit cause, and nothing of the job is left."""
+    torchrun's summary names no healthkit cause (a rank that outlives its server by a moment
+    says once, at WARNING, that it takes the server's end as its share of the stop, as
+    documented), and nothing of the job is left. (A Ctrl-C
+    that lands while a Python process starts prints that process's KeyboardInterrupt
+    traceback, as for any program: not an alarm unless it ran through healthkit code.)"""
     _gl_available()
     job = Job(tmp_path, "--steps", "0")  # train until stopped
     server = job.wait_training()
@@ -157,6 +162,11 @@ def test_a_launchers_stop_or_a_ctrl_c_ends_the_job_without_naming_the_server(
         os.kill(server, signal.SIGKILL)  # ours: started by this test's job
     assert not left, "the server outlived the stop:\n" + out[-5000:]
     assert strays == []
-    assert "healthkit_graphlearn (" not in out and "healthkit watchdog" not in out, out[-5000:]
-    assert "stopped because" not in out and "was killed by" not in out, out[-5000:]
-    assert alarms(out) == [], out[-5000:]
+    # A rank that outlives its server by a moment says once, at WARNING, that the server's
+    # end is taken as its share of the stop (docs/watchdog.md, "deferred"); nothing else.
+    deferred = [line for line in out.splitlines() if _DEFERRED in line]
+    assert all(line.startswith("WARNING healthkit: ") for line in deferred), deferred
+    rest = "\n".join(line for line in out.splitlines() if _DEFERRED not in line)
+    assert "healthkit_graphlearn (" not in rest and "healthkit watchdog" not in rest, out[-5000:]
+    assert "stopped because" not in rest and "was killed by" not in rest, out[-5000:]
+    assert alarms(rest) == [], out[-5000:]
