@@ -4,12 +4,14 @@ Stable, but not what most code needs: what an extender composes a watchdog, a la
 integration from. The firing rule (``decide``, ``decide_stall``, ``stop_like``), the stop
 episodes it reads (``current_episode``, ``note_stop``, ``note_stop_survived``) and, for code
 that waits on its helpers itself, the rule asked about one ending (``EndingClassifier``);
-the job-wide failure notice for failures that are not watched deaths; ``/proc`` readers;
-prctl helpers (``die_with_parent``, ``set_thread_name``); stack dumps and their opt-in; the
-memory cgroup an ``ExitDiagnoser`` reads its OOM counter from (``MemoryCgroup``,
-``find_memory_cgroup``); environment-variable readers for bounds (``env_seconds``); and the
-log flush to call before ``os._exit``. The argument validators healthkit's own integrations
-share are not here: they are internal (``healthkit._shared``).
+the job-wide failure notice for failures that are not watched deaths; leases
+(``LeaseServer``, ``Lease``: one TCP connection per client/server pair that tells each side
+that the other process ended, or that its machine was lost, for peers only an RPC layer
+links); ``/proc`` readers; prctl helpers (``die_with_parent``, ``set_thread_name``); stack
+dumps and their opt-in; the memory cgroup an ``ExitDiagnoser`` reads its OOM counter from
+(``MemoryCgroup``, ``find_memory_cgroup``); environment-variable readers for bounds
+(``env_seconds``); and the log flush to call before ``os._exit``. The argument validators
+healthkit's own integrations share are not here: they are internal (``healthkit._shared``).
 """
 
 from healthkit._actions import flush_logging
@@ -22,6 +24,7 @@ from healthkit._jobnotice import publish_job_failure
 from healthkit._os.bounds import ENV_SECONDS_MIN, EnvValueWarning, env_seconds, read_env_seconds
 from healthkit._os.orphan import die_with_parent, set_thread_name
 from healthkit._os.proc import ProcStat, children, descendants, read_proc_stat
+from healthkit._watch.lease import Lease, LeaseServer
 from healthkit._watch.stopsignals import STOP_SIGNALS, StopEpisode, current_episode, note_stop
 from healthkit._watchdog import note_stop_survived
 
@@ -30,6 +33,8 @@ __all__ = [
     "ENV_SECONDS_MIN",
     "EndingClassifier",
     "EnvValueWarning",
+    "Lease",
+    "LeaseServer",
     "MAX_TIMEOUT_S",
     "MemoryCgroup",
     "OnCleanExit",

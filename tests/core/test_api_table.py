@@ -221,6 +221,10 @@ def _diagnose(**kwargs: Any) -> None:
         diagnoser.close()
 
 
+_SERVER_ID = "0123456789abcdef" * 2  # a well-formed server id; nothing listens at _ADDR
+_ADDR = [("127.0.0.1", 1)]
+
+
 def _status() -> healthkit.ExitStatus:
     return healthkit.ExitStatus(returncode=-15, source="test")
 
@@ -462,6 +466,36 @@ CORE: dict[str, dict[str, Case | list[Case]]] = {
                        Case(lambda e: lowlevel.EndingClassifier(stop_grace="35"), T)],  # type: ignore[arg-type]
         "log": Case(lambda e: lowlevel.EndingClassifier(log="healthkit"), T),  # type: ignore[arg-type]
     },
+    "healthkit.lowlevel.LeaseServer": {
+        "on_end": Case(lambda e: lowlevel.LeaseServer(None), T),  # type: ignore[arg-type]
+        "connection_timeout": [
+            Case(lambda e: lowlevel.LeaseServer(print, connection_timeout=0)),
+            Case(lambda e: lowlevel.LeaseServer(print, connection_timeout=NAN)),
+            Case(lambda e: lowlevel.LeaseServer(print, connection_timeout=1.5), label="below-2"),
+            Case(lambda e: lowlevel.LeaseServer(print, connection_timeout="10"), T),  # type: ignore[arg-type]
+        ],
+        "bind_host": Case(lambda e: lowlevel.LeaseServer(print, bind_host=None), T),  # type: ignore[arg-type]
+    },
+    "healthkit.lowlevel.Lease.open": {
+        "addresses": [
+            Case(lambda e: lowlevel.Lease.open([], _SERVER_ID), label="empty"),
+            Case(lambda e: lowlevel.Lease.open("127.0.0.1:1", _SERVER_ID), T, label="str"),  # type: ignore[arg-type]
+            Case(lambda e: lowlevel.Lease.open([("127.0.0.1", "1")], _SERVER_ID), T),  # type: ignore[list-item]
+            Case(lambda e: lowlevel.Lease.open([("127.0.0.1", 0)], _SERVER_ID), label="port"),
+        ],
+        "server_id": [
+            Case(lambda e: lowlevel.Lease.open([("127.0.0.1", 1)], "HKGLT1")),
+            Case(lambda e: lowlevel.Lease.open([("127.0.0.1", 1)], _SERVER_ID.upper())),
+            Case(lambda e: lowlevel.Lease.open([("127.0.0.1", 1)], None), T),  # type: ignore[arg-type]
+        ],
+        "connection_timeout": [
+            Case(lambda e: lowlevel.Lease.open(_ADDR, _SERVER_ID, connection_timeout=-1)),
+            Case(lambda e: lowlevel.Lease.open(_ADDR, _SERVER_ID, connection_timeout=NAN)),
+        ],
+        "connect_timeout": Case(
+            lambda e: lowlevel.Lease.open(_ADDR, _SERVER_ID, connect_timeout=0)
+        ),
+    },
     "healthkit.lowlevel.decide_stall": {
         "quiet_for": [Case(lambda e: lowlevel.decide_stall("1", stall_timeout=1, armed=True), T),
                       Case(lambda e: lowlevel.decide_stall(-1, stall_timeout=1, armed=True), T)],
@@ -589,6 +623,7 @@ CORE_EXEMPT = {
     },
     "healthkit.actions.Action": "a protocol (any callable taking a FailureEvent)",
     "healthkit.lowlevel.note_stop_survived": "takes no argument",
+    "healthkit.lowlevel.Lease": "made by Lease.open (its row), never by the user",
     "healthkit.lowlevel.OnCleanExit": "a type alias",
     "healthkit.lowlevel.EnvValueWarning": "a warning category",
     **{

@@ -1241,7 +1241,7 @@ def test_healthkit_glt_logs_under_healthkit_glt_in_the_healthkit_tree() -> None:
     import importlib
     import logging
 
-    for name in ("_compat", "_lease", "_loader", "_producer", "_receive", "_remote", "_server",
+    for name in ("_compat", "_loader", "_producer", "_receive", "_remote", "_server",
                  "_worker"):  # fmt: skip
         module = importlib.import_module(f"healthkit_glt.{name}")
         assert module.logger is logging.getLogger("healthkit.glt"), name

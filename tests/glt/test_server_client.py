@@ -1,7 +1,8 @@
 """healthkit_glt in GLT's server-client mode, on real graphlearn-torch: a sampling server
 and its clients as separate processes with real GLT RPC (``glt_server_scenarios``), each
-run in a throwaway process group; the leases (``healthkit_glt._lease``) in this process
-with real sockets and real child processes.
+run in a throwaway process group. The leases alone (``healthkit.lowlevel.LeaseServer``,
+``Lease``) are tested in the core tier (``tests/core/test_lease.py``); their bound from
+healthkit_glt's argument and environment, here.
 
 The fault runs put several faults in one job (one server start-up costs 10-20 s here):
 see ``glt_server_scenarios.scenario_faults`` for the sequence.
@@ -9,15 +10,12 @@ see ``glt_server_scenarios.scenario_faults`` for the sequence.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +25,7 @@ pytest.importorskip("graphlearn_torch")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import glt_server_scenarios as ssc
 import healthkit_glt as hg
-from healthkit_glt import _lease
+from healthkit_glt._config import connection_timeout
 
 import healthkit as hk
 from healthkit.lowlevel import EnvValueWarning
@@ -83,126 +81,25 @@ def resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
-# --- the leases: real sockets, real processes ----------------------------------------------
-
-
-def _hold_lease(addresses: list[tuple[str, int]], server_id: str, conn: Any) -> None:
-    """A child process that takes a lease and reports its token, then waits to be ended."""
-    lease = _lease.Lease.open(addresses, server_id, timeout_s=2.0)
-    conn.send(lease.token)
-    time.sleep(3600)
-
-
-@pytest.fixture
-def lease_server() -> Iterator[tuple[_lease.LeaseServer, list[tuple[str, float]]]]:
-    ended: list[tuple[str, float]] = []
-    server = _lease.LeaseServer(lambda token, why: ended.append((token, time.monotonic())),
-                                timeout_s=2.0)  # fmt: skip
-    yield server, ended
-    server.close()
-
-
-def _child_with_lease(server: _lease.LeaseServer) -> tuple[Any, str]:
-    ctx = multiprocessing.get_context("spawn")
-    r, w = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_hold_lease, args=([("127.0.0.1", server.port)], server.server_id, w))
-    p.start()
-    w.close()
-    assert r.poll(60), "the child never took its lease"
-    token = r.recv()
-    r.close()
-    return p, token
-
-
-@pytest.mark.timeout(120)
-def test_a_lease_ends_within_a_second_of_its_holders_sigkill_and_not_while_it_is_stopped(
-    lease_server: tuple[_lease.LeaseServer, list[tuple[str, float]]],
-) -> None:
-    """The client's kernel answers keepalive probes while the client is stopped (or its GIL
-    held): over 2 x the 2 s connection timeout of silence ends nothing. Its death, however
-    it dies, closes the socket: the lease ends at once."""
-    server, ended = lease_server
-    p, token = _child_with_lease(server)
-    try:
-        assert server.is_live(token)
-        os.kill(p.pid, signal.SIGSTOP)
-        time.sleep(4.5)  # keepalive would have ended it after about 2 s
-        assert server.is_live(token) and ended == [], "a stopped (alive) client lost its lease"
-        os.kill(p.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        deadline = killed + 10
-        while not ended and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert ended and ended[0][0] == token, "the lease did not end"
-        assert ended[0][1] - killed < 1.0
-        assert not server.is_live(token)
-    finally:
-        if p.is_alive():
-            p.kill()
-        p.join()
-        p.close()
-
-
-@pytest.mark.timeout(60)
-def test_a_lease_holder_learns_of_the_servers_end_and_says_why(
-    lease_server: tuple[_lease.LeaseServer, list[tuple[str, float]]],
-) -> None:
-    server, _ = lease_server
-    lease = _lease.Lease.open([("127.0.0.1", server.port)], server.server_id, timeout_s=2.0)
-    try:
-        assert lease.gone() is None  # idle and alive: nothing to read, nothing wrong
-        server.close()
-        deadline = time.monotonic() + 5
-        while lease.gone() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert lease.gone() == "its connection was closed (its process ended, or closed it)"
-    finally:
-        lease.close()
-
-
-@pytest.mark.timeout(60)
-def test_a_lease_is_refused_by_another_server_and_a_bad_handshake_is_dropped(
-    lease_server: tuple[_lease.LeaseServer, list[tuple[str, float]]],
-) -> None:
-    """A client that tries several addresses of its server never takes a lease on another
-    server that listens on the same port elsewhere (127.0.0.1 on a client machine)."""
-    server, ended = lease_server
-    with socket.create_connection(("127.0.0.1", server.port)) as s:
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        s.settimeout(5)
-        assert s.recv(100) == b""  # closed by the server, nothing registered
-    assert ended == []
-    with pytest.raises(ConnectionError, match="another server answered"):
-        _lease.Lease.open([("127.0.0.1", server.port)], "0" * 32, timeout_s=2.0)
-
-
-def test_keepalive_bounds_follow_the_connection_timeout() -> None:
-    with socket.socket() as s:
-        _lease.set_keepalive(s, 10.0)
-        get = s.getsockopt
-        assert get(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        idle, interval = get(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE), get(
-            socket.IPPROTO_TCP, socket.TCP_KEEPINTVL
-        )
-        count = get(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
-        assert (idle, interval, count) == (5, 1, 5)
-        assert idle + interval * count == 10
-        assert get(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10_000
+# --- the leases' bound, from healthkit_glt's argument or environment ---------------------------
+# The leases themselves (healthkit.lowlevel.LeaseServer and Lease) are tested in the core
+# tier: tests/core/test_lease.py.
 
 
 def test_connection_timeout_comes_from_the_argument_then_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(hg.CONNECTION_TIMEOUT_ENV, raising=False)
-    assert _lease.connection_timeout(None) == 10.0
+    assert connection_timeout(None) == 10.0
     monkeypatch.setenv(hg.CONNECTION_TIMEOUT_ENV, "30")
-    assert _lease.connection_timeout(None) == 30.0
-    assert _lease.connection_timeout(6) == 6.0
+    assert connection_timeout(None) == 30.0
+    assert connection_timeout(6) == 6.0
+    assert connection_timeout(0.5) == 2.0  # raised to the keepalive's least, not refused
     with pytest.raises(hk.InvalidArgumentError, match="connection_timeout"):
-        _lease.connection_timeout(-1)
+        connection_timeout(-1)
     monkeypatch.setenv(hg.CONNECTION_TIMEOUT_ENV, "abc")
     with pytest.warns(EnvValueWarning, match=hg.CONNECTION_TIMEOUT_ENV):
-        assert _lease.connection_timeout(None) == 10.0
+        assert connection_timeout(None) == 10.0
 
 
 # --- a server and its clients ----------------------------------------------------------------

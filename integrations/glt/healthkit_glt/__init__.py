@@ -10,6 +10,7 @@ from healthkit import BarrierBrokenError, BarrierTimeoutError
 from healthkit._shared import publish
 from healthkit_glt._compat import glt_build, glt_version
 from healthkit_glt._config import (
+    CONNECTION_TIMEOUT_ENV,
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
     DEFAULT_RPC_INIT_TIMEOUT_S,
     RPC_INIT_TIMEOUT_ENV,
@@ -17,7 +18,6 @@ from healthkit_glt._config import (
     TimeoutPlan,
     resolve_timeouts,
 )
-from healthkit_glt._lease import CONNECTION_TIMEOUT_ENV
 from healthkit_glt._loader import DistLinkNeighborLoader, DistNeighborLoader, DistSubGraphLoader
 from healthkit_glt._producer import (
     DistSamplingProducer,

@@ -22,6 +22,7 @@ from healthkit._shared import check_bool, check_bound
 from healthkit.lowlevel import env_seconds, read_env_seconds
 
 __all__ = [
+    "CONNECTION_TIMEOUT_ENV",
     "DEFAULT_INIT_TIMEOUT_MULTIPLIER",
     "DEFAULT_RPC_INIT_TIMEOUT_S",
     "RPC_INIT_TIMEOUT_ENV",
@@ -37,8 +38,23 @@ STEADY_STATE_RPC_TIMEOUT_ENV = "HEALTHKIT_GLT_STEADY_STATE_RPC_TIMEOUT_SECONDS"
 """Steady-state RPC request timeout, set right after the init barrier (default: the
 ``rpc_timeout`` of the worker options, i.e. what GLT itself would use)."""
 
+CONNECTION_TIMEOUT_ENV = "HEALTHKIT_GLT_CONNECTION_TIMEOUT_SECONDS"
+"""How long a peer's machine or network may stay silent before its lease ends (default 10)."""
+
+DEFAULT_CONNECTION_TIMEOUT_S = 10.0
 DEFAULT_RPC_INIT_TIMEOUT_S = 600.0
 DEFAULT_INIT_TIMEOUT_MULTIPLIER = 3.0  # k: init barrier bound = k x bring-up RPC timeout
+
+
+def connection_timeout(value: float | None, *, strict: bool = False) -> float:
+    """The leases' bound (:class:`healthkit.lowlevel.LeaseServer`): the argument, else
+    ``$HEALTHKIT_GLT_CONNECTION_TIMEOUT_SECONDS``, else 10 s; at least 2 s (the keepalive
+    counts in whole seconds), raised to it rather than refused."""
+    if value is not None:
+        seconds = check_bound(value, "connection_timeout")
+    else:
+        seconds = env_seconds(CONNECTION_TIMEOUT_ENV, DEFAULT_CONNECTION_TIMEOUT_S, strict=strict)
+    return max(2.0, float(seconds))
 
 
 def _positive(value: float, what: str) -> float:

@@ -42,7 +42,7 @@ from graphlearn_torch.typing import Split
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, UsageError, WatchSet
 from healthkit._shared import check_bound
 from healthkit_glt import _loader_state as state
-from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
+from healthkit_glt._config import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name
 from healthkit_glt._remote_errors import RemoteSamplingError, ServerFailure, ServerHello

@@ -8,7 +8,8 @@ receiving remote messages" and delivers nothing, so the loader waits forever. He
 
 - every fetch answer, error or not, is delivered (a deque plus a wake-up pipe), and the
   consumer waits in one :class:`healthkit.WatchSet` on that pipe and on the lease of every
-  server (:mod:`healthkit_glt._lease`): a server whose process ends, or whose machine or
+  server (:class:`healthkit.lowlevel.Lease`, one TCP connection per loader and server): a
+  server whose process ends, or whose machine or
   network stops answering, ends the wait at once with :class:`SamplingServerLostError`
   naming it;
 - a server's failure record (a worker died or raised there) is raised as
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from healthkit import InvalidArgumentError, WatchSet
-from healthkit_glt._lease import Lease
+from healthkit.lowlevel import Lease
 from healthkit_glt._remote_errors import (
     RemoteSamplingError,
     SamplingServerLostError,
@@ -78,7 +79,7 @@ class ServerLink:
         name = _rpc_name(rank)
         try:
             lease = Lease.open(hello.lease_addresses, hello.lease_server_id,
-                               timeout_s=connection_timeout)  # fmt: skip
+                               connection_timeout=connection_timeout)  # fmt: skip
         except ConnectionError as e:
             raise RemoteSamplingError(
                 f"sampling server {describe_server(hello)}: cannot open a lease connection "

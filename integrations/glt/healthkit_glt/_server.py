@@ -14,8 +14,9 @@ Where stock GLT 0.2.4's server hangs or leaks, and what this one does instead:
 - a sampler that raises in a live worker: GLT drops the error and the epoch never ends.
   Here the producer's error report becomes the same kind of failure, with the traceback;
 - a client that dies leaves its producer's workers running on the server for good. Here
-  every client holds a lease (:mod:`healthkit_glt._lease`) and a producer is shut down when
-  its last client's lease ends;
+  every client holds a lease (:class:`healthkit.lowlevel.LeaseServer`: one TCP connection
+  per client that ends when the client's process does, or when its machine goes silent)
+  and a producer is shut down when its last client's lease ends;
 - a fetch for a producer that is merely slow waits up to the client's ``fetch_wait``, then
   answers "not yet" and the client asks again: a slow epoch never trips the RPC timeout.
 
@@ -40,10 +41,9 @@ from graphlearn_torch.sampler import RemoteSamplerInput
 
 from healthkit import BarrierBrokenError, InvalidArgumentTypeError
 from healthkit._shared import check_bool, check_bound, check_int, check_seconds
-from healthkit.lowlevel import EndingClassifier
+from healthkit.lowlevel import EndingClassifier, LeaseServer
 from healthkit_glt._compat import install_server, set_server_context
-from healthkit_glt._lease import LeaseServer
-from healthkit_glt._lease import connection_timeout as resolve_connection_timeout
+from healthkit_glt._config import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import (
     DistSamplingProducer,
     SamplingError,
@@ -71,9 +71,9 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
     server builds (``rpc_init_timeout``, ``steady_state_rpc_timeout``, ``sampler_factory``,
     ...); a client's own producer arguments override them. ``connection_timeout``: how long
     a client's machine may stay silent before its lease ends (see
-    :mod:`healthkit_glt._lease`). ``lease_host``: the address clients reach this server at
-    (default: this host's name and the address it resolves to, the way torch's TensorPipe
-    agent picks its own); ``lease_bind``: the interface to listen on (default all).
+    :class:`healthkit.lowlevel.LeaseServer`). ``lease_host``: the address clients reach this
+    server at (default: this host's name and the address it resolves to, the way torch's
+    TensorPipe agent picks its own); ``lease_bind``: the interface to listen on (default all).
     """
 
     def __init__(
@@ -103,7 +103,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         self._leases = LeaseServer(
             self._lease_ended,
             bind_host=lease_bind,
-            timeout_s=timeout_s,
+            connection_timeout=timeout_s,
         )
         self._lease_host = lease_host
         self._released: list[threading.Thread] = []

@@ -1,10 +1,11 @@
-"""Leases: one TCP connection per (client loader, server) that tells each side when the
-other is gone, in server-client mode.
+"""Leases: one TCP connection per client/server pair that tells each side, within
+milliseconds, that the other process ended (however it ended), and within
+``connection_timeout`` that its machine or the network is lost; never that it is slow.
 
-Why a connection of our own next to GLT's RPC: the RPC layer tells nobody that a peer
-died. A server whose client died keeps that client's sampling workers running for good,
-and a client learns of a dead server only from the RPCs it has in flight (and of a lost
-machine only after the RPC timeout, 180 s by default). A plain TCP connection does both:
+Why a connection of its own next to an RPC layer: RPC layers tell nobody that a peer died.
+A server whose client died keeps that client's work running for good, and a client learns
+of a dead server only from the calls it has in flight (and of a lost machine only after the
+call's timeout, minutes by default). A plain TCP connection does both:
 
 - a process that ends, however (SIGKILL, OOM, crash, exit), has its sockets closed by its
   kernel, so the peer reads end-of-file within milliseconds;
@@ -14,16 +15,17 @@ machine only after the RPC timeout, 180 s by default). A plain TCP connection do
   probe, which a live idle peer gives every half of it: between half of
   ``connection_timeout`` and all of it after the loss.
 
-Neither needs the peer's Python to run: a server or client that is alive but busy (its GIL
-held for minutes, stopped in a debugger, swapping) keeps its lease, because its kernel
-answers the probes. Only an end or a loss ends a lease, never slowness.
+Neither needs the peer's Python to run: a peer that is alive but busy (its GIL held for
+minutes, stopped in a debugger, swapping) keeps its lease, because its kernel answers the
+probes. Only an end or a loss ends a lease, never slowness.
 
-The protocol is one line each way: the client sends ``HKGLT1 <token>\\n`` (a random token
-it then names in its RPCs), the server answers ``OK <server id>\\n`` with the random id it
-gave the client in its hello RPC, so a client that tried several of the server's addresses
-never holds a lease on another server that happens to listen on the same port elsewhere.
-Nothing else is ever sent; the server closes a connection that does not complete the
-handshake within :data:`HANDSHAKE_TIMEOUT_S` or sends anything else.
+The protocol is one line each way: the client sends ``HKLEASE1 <token>\\n`` (a random token
+it may then name in its own calls), the server answers ``OK <server id>\\n`` with its random
+id, which the client learnt beforehand (from a hello call, a file, a store), so a client
+that tried several of the server's addresses never holds a lease on another server that
+happens to listen on the same port elsewhere. Nothing else is ever sent; the server closes
+a connection that does not complete the handshake within :data:`HANDSHAKE_TIMEOUT_S` or
+sends anything else.
 """
 
 from __future__ import annotations
@@ -38,43 +40,48 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from healthkit import WatchSet
-from healthkit._shared import check_bound
-from healthkit.lowlevel import env_seconds
+from healthkit._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    check_bound,
+    check_callable,
+    check_timeout,
+)
+from healthkit._watch.process import WatchSet
 
-__all__ = [
-    "CONNECTION_TIMEOUT_ENV",
-    "DEFAULT_CONNECTION_TIMEOUT_S",
-    "Lease",
-    "LeaseServer",
-    "new_token",
-    "set_keepalive",
-]
+__all__ = ["DEFAULT_CONNECTION_TIMEOUT_S", "Lease", "LeaseServer"]
 
-logger = logging.getLogger("healthkit.glt")
-
-CONNECTION_TIMEOUT_ENV = "HEALTHKIT_GLT_CONNECTION_TIMEOUT_SECONDS"
-"""How long a peer's machine or network may stay silent before its lease ends (default 10)."""
+logger = logging.getLogger("healthkit")
 
 DEFAULT_CONNECTION_TIMEOUT_S = 10.0
+MIN_CONNECTION_TIMEOUT_S = 2.0  # keepalive counts whole seconds: 1 s idle, then 1 probe
 HANDSHAKE_TIMEOUT_S = 10.0
-_MAGIC = b"HKGLT1 "
+MAGIC = b"HKLEASE1 "
 _TOKEN_HEX = 32
-_LINE_MAX = len(_MAGIC) + _TOKEN_HEX + 1
+_LINE_MAX = len(MAGIC) + _TOKEN_HEX + 1
+_HEX = frozenset("0123456789abcdef")
 
 
 def new_token() -> str:
+    """A random lease token or server id: 32 lowercase hex digits."""
     return secrets.token_hex(_TOKEN_HEX // 2)
 
 
-def connection_timeout(value: float | None, *, strict: bool = False) -> float:
-    """The argument, else ``$HEALTHKIT_GLT_CONNECTION_TIMEOUT_SECONDS``, else 10 s (at least
-    2 s: the keepalive counts in whole seconds)."""
-    if value is not None:
-        seconds = check_bound(value, "connection_timeout")
-    else:
-        seconds = env_seconds(CONNECTION_TIMEOUT_ENV, DEFAULT_CONNECTION_TIMEOUT_S, strict=strict)
-    return max(2.0, float(seconds))
+def _is_token(value: str) -> bool:
+    return len(value) == _TOKEN_HEX and set(value) <= _HEX
+
+
+def check_connection_timeout(value: object, what: str = "connection_timeout") -> float:
+    """A finite number of seconds >= 2: the keepalive counts whole seconds, half idle."""
+    seconds = check_timeout(value, what, allow_none=False, positive=True)  # type: ignore[arg-type]
+    assert seconds is not None
+    if seconds < MIN_CONNECTION_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"{what} must be >= {MIN_CONNECTION_TIMEOUT_S:g} seconds, got {value!r}: TCP "
+            "keepalive counts in whole seconds (idle half of it, then probes); pass 2 or more",
+            what,
+        )
+    return seconds
 
 
 def keepalive_plan(timeout_s: float) -> tuple[int, int, int]:
@@ -97,6 +104,9 @@ def set_keepalive(sock: socket.socket, timeout_s: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeout_s * 1000))
 
 
+CLOSED = "its connection was closed (its process ended, or closed it)"
+
+
 def why_closed(sock: socket.socket, timeout_s: float) -> str | None:
     """Why the peer of ``sock`` (non-blocking) is gone, or None while it is there.
 
@@ -107,7 +117,7 @@ def why_closed(sock: socket.socket, timeout_s: float) -> str | None:
         while True:
             data = sock.recv(4096)
             if not data:
-                return "its connection was closed (its process ended, or closed it)"
+                return CLOSED
     except BlockingIOError:
         return None
     except OSError as e:
@@ -135,19 +145,33 @@ class _Conn:
 
 
 class LeaseServer:
-    """The server's side: a listening socket and one thread that waits, in one
-    :class:`healthkit.WatchSet`, on it and on every lease; ``on_end(token, why)`` runs on
-    that thread when a lease ends (keep it short: hand long work to another thread)."""
+    """The server's side of leases: a listening socket (``port``, ``server_id``) and one
+    thread that waits, in one :class:`healthkit.WatchSet`, on it and on every lease.
+
+    ``on_end(token, why)`` runs on that thread when a client's lease ends: its process
+    ended or it closed the lease (``why`` says the connection was closed; the two look
+    the same from here), or its machine or network was lost for ``connection_timeout``
+    seconds (``why`` says so, with the bound). Keep it short: hand long work to another
+    thread. A client that is alive but busy or stopped keeps its lease. ``bind_host``:
+    the interface to listen on (``""``: all). :meth:`close` drops every lease without
+    calling ``on_end``; the clients read end-of-file.
+    """
 
     def __init__(
         self,
-        on_end: Callable[[str, str], None],
+        on_end: Callable[[str, str], object],
         *,
+        connection_timeout: float = DEFAULT_CONNECTION_TIMEOUT_S,
         bind_host: str = "",
-        timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
     ) -> None:
+        check_callable(on_end, "on_end")
+        self.connection_timeout = check_connection_timeout(connection_timeout)
+        if not isinstance(bind_host, str):
+            raise InvalidArgumentTypeError(
+                f"bind_host must be an address to bind (str; '' for all), got {bind_host!r}",
+                "bind_host",
+            )
         self._on_end = on_end
-        self.timeout_s = timeout_s
         self.server_id = new_token()
         self._listener = socket.create_server((bind_host, 0), backlog=128)
         self._listener.setblocking(False)
@@ -158,14 +182,16 @@ class LeaseServer:
         self._closing = False
         self._set = WatchSet()
         self._set.add_fd(self._listener.fileno(), self._accept)
-        self._thread = threading.Thread(target=self._run, name="healthkit-glt leases", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="healthkit leases", daemon=True)
         self._thread.start()
 
     def is_live(self, token: str) -> bool:
+        """Whether the client that named ``token`` holds its lease now."""
         with self._lock:
             return token in self._live
 
     def peer(self, token: str) -> str | None:
+        """``host:port`` of the client holding lease ``token``, or None."""
         with self._lock:
             conn = self._live.get(token)
             return conn.peer if conn is not None else None
@@ -196,14 +222,17 @@ class LeaseServer:
                 return
             sock.setblocking(False)
             with contextlib.suppress(OSError):
-                set_keepalive(sock, self.timeout_s)
+                set_keepalive(sock, self.connection_timeout)
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}")
             self._conns[sock.fileno()] = conn
             self._set.add_fd(sock.fileno(), functools.partial(self._readable, conn))
+            # The wait goes on after a callback: have it return, so that the loop bounds
+            # it by this handshake's deadline (otherwise a silent connection stays open).
+            self._set.wake()
 
     def _readable(self, conn: _Conn) -> None:
         if conn.token is not None:
-            why = why_closed(conn.sock, self.timeout_s)
+            why = why_closed(conn.sock, self.connection_timeout)
             if why is not None:
                 self._end(conn, why)
             return
@@ -221,12 +250,8 @@ class LeaseServer:
         if not conn.buffer.endswith(b"\n"):
             return
         line = conn.buffer[:-1]
-        token = line[len(_MAGIC) :].decode("ascii", "replace")
-        valid = (
-            line.startswith(_MAGIC)
-            and len(token) == _TOKEN_HEX
-            and all(c in "0123456789abcdef" for c in token)
-        )
+        token = line[len(MAGIC) :].decode("ascii", "replace")
+        valid = line.startswith(MAGIC) and _is_token(token)
         with self._lock:
             valid = valid and token not in self._live
             if valid:
@@ -259,7 +284,8 @@ class LeaseServer:
                 logger.exception("ending the lease of %s", conn.peer)
 
     def close(self) -> None:
-        """Stop accepting and drop every lease (their clients read end-of-file). Idempotent."""
+        """Stop accepting and drop every lease (their clients read end-of-file), without
+        calling ``on_end``. Idempotent."""
         if self._closing:
             return
         self._closing = True
@@ -273,15 +299,51 @@ class LeaseServer:
         self._listener.close()
         self._set.close()
 
+    def __enter__(self) -> LeaseServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_addresses(addresses: object) -> list[tuple[str, int]]:
+    what = "addresses"
+    if isinstance(addresses, (str, bytes)) or not isinstance(addresses, Sequence):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a list of (host, port) pairs, got {addresses!r}", what
+        )
+    out = []
+    for a in addresses:
+        ok = isinstance(a, (tuple, list)) and len(a) == 2
+        if not (ok and isinstance(a[0], str) and isinstance(a[1], int)
+                and not isinstance(a[1], bool)):  # fmt: skip
+            raise InvalidArgumentTypeError(
+                f"{what} must be a list of (host, port) pairs (str, int), got {a!r} in it", what
+            )
+        if not 0 < a[1] < 65536:
+            raise InvalidArgumentError(f"{what}: port {a[1]} of {a[0]!r} is not in 1..65535", what)
+        out.append((a[0], a[1]))
+    if not out:
+        raise InvalidArgumentError(
+            f"{what} is empty: pass the server's (host, port) pairs, its LeaseServer's port on "
+            "each address this client may reach it at",
+            what,
+        )
+    return out
+
 
 class Lease:
-    """The client's side of one lease: a connected socket, ``fileno()`` for a WatchSet."""
+    """The client's side of one lease, made by :meth:`open`: a connected socket, with
+    ``fileno()`` for a :class:`healthkit.WatchSet` (readable when the lease ends) and
+    :meth:`gone`, which says why. ``token`` is the random name the server knows it by."""
 
-    def __init__(self, sock: socket.socket, token: str, address: str, timeout_s: float) -> None:
+    def __init__(
+        self, sock: socket.socket, token: str, address: str, connection_timeout: float
+    ) -> None:
         self.sock = sock
         self.token = token
         self.address = address
-        self.timeout_s = timeout_s
+        self.connection_timeout = connection_timeout
         self._why: str | None = None
 
     @classmethod
@@ -290,21 +352,37 @@ class Lease:
         addresses: Sequence[tuple[str, int]],
         server_id: str,
         *,
-        timeout_s: float,
-        connect_s: float = 10.0,
+        connection_timeout: float = DEFAULT_CONNECTION_TIMEOUT_S,
+        connect_timeout: float = 10.0,
     ) -> Lease:
-        """Connect to the first of ``addresses`` that answers the handshake with
-        ``server_id``. Raises ``ConnectionError`` naming every address tried and why."""
+        """Take a lease on the :class:`LeaseServer` whose ``server_id`` is given, at the
+        first of ``addresses`` that answers the handshake with that id (each connection
+        and handshake bounded by ``connect_timeout``). Raises ``ConnectionError`` naming
+        every address tried and why."""
+        targets = _check_addresses(addresses)
+        if not isinstance(server_id, str):
+            raise InvalidArgumentTypeError(
+                f"server_id must be a str (the LeaseServer's server_id), got {server_id!r}",
+                "server_id",
+            )
+        if not _is_token(server_id):
+            raise InvalidArgumentError(
+                f"server_id must be the LeaseServer's server_id (32 lowercase hex digits), "
+                f"got {server_id!r}",
+                "server_id",
+            )
+        timeout_s = check_connection_timeout(connection_timeout)
+        connect_s = check_bound(connect_timeout, "connect_timeout")
         token = new_token()
+        expected = b"OK " + server_id.encode() + b"\n"
         failures = []
-        for host, port in addresses:
+        for host, port in targets:
             sock = None
             try:
                 sock = socket.create_connection((host, port), timeout=connect_s)
                 set_keepalive(sock, timeout_s)
-                sock.sendall(_MAGIC + token.encode() + b"\n")
+                sock.sendall(MAGIC + token.encode() + b"\n")
                 answer = b""
-                expected = b"OK " + server_id.encode() + b"\n"
                 while not answer.endswith(b"\n") and len(answer) < len(expected):
                     chunk = sock.recv(len(expected))
                     if not chunk:
@@ -326,8 +404,16 @@ class Lease:
     def gone(self) -> str | None:
         """Why the server is gone (kept once known), or None while the lease holds."""
         if self._why is None and self.sock.fileno() >= 0:
-            self._why = why_closed(self.sock, self.timeout_s)
+            self._why = why_closed(self.sock, self.connection_timeout)
         return self._why
 
     def close(self) -> None:
+        """End the lease: the server's ``on_end`` runs for it. Idempotent."""
         self.sock.close()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
