@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -97,6 +97,7 @@ __all__ = [
     "note_stop",
     "note_stop_survived",
     "pending_stop",
+    "popen_with_stop_signals_blocked",
     "release_witness",
     "start_without_signals",
     "survived_marks",
@@ -353,6 +354,23 @@ def start_without_signals(thread: threading.Thread) -> None:
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _NOT_FOR_OUR_THREADS)
     try:
         thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def popen_with_stop_signals_blocked(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start one of healthkit's helper programs (the sidecar, its link process) with the stop
+    signals blocked from birth; the program unblocks them once its handlers are in place.
+
+    A helper runs in its owner's process group, so a Ctrl-C or a launcher's group SIGTERM
+    reaches it too. During its interpreter's start-up (seconds on a loaded machine) it has
+    no handler yet: a SIGINT printed its ``KeyboardInterrupt`` traceback (healthkit's import
+    path, in the job's output) and a SIGTERM ended it. A blocked signal waits instead (the
+    mask survives ``exec``) and is taken by the handler the program installs first.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(args, **kwargs)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 

@@ -13,6 +13,7 @@ import subprocess
 import threading
 
 from healthkit import _jobnotice, _runtime
+from healthkit._watch.stopsignals import popen_with_stop_signals_blocked
 from healthkit._watchdog.protocol import (
     NOTICE_FLUSH_S,
     LineReader,
@@ -42,7 +43,7 @@ class LinkProcess:
     def __init__(self, job: _jobnotice.JobScope) -> None:
         ours, theirs = socket.socketpair()
         try:
-            self.proc = subprocess.Popen(
+            self.proc = popen_with_stop_signals_blocked(
                 link_command(theirs.fileno(), job.to_dict()),
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
@@ -87,6 +88,8 @@ def link_main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         # A group stop is the owner's; this process ends when its sidecar does.
         signal.signal(sig, signal.SIG_IGN)
+    # Blocked since its start (popen_with_stop_signals_blocked); ignored from now on.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
     sock = socket.socket(fileno=int(argv[0]))
     scope = _jobnotice.JobScope.from_dict(json.loads(argv[1]))
     lock = threading.Lock()

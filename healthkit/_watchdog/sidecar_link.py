@@ -83,7 +83,7 @@ class SidecarLink:
         log_plan, log_fds, self._relay_to = logging_plan(logger)
         pass_fds = [theirs.fileno()] + ([peek_copy] if peek_copy is not None else []) + log_fds
         try:
-            self._proc = subprocess.Popen(
+            self._proc = _stopsignals.popen_with_stop_signals_blocked(
                 sidecar_command(theirs.fileno(), peek_copy),
                 pass_fds=pass_fds,
                 stdin=subprocess.DEVNULL,
