@@ -484,20 +484,18 @@ def scenario_hk_epoch_stop(how: str = "group") -> None:
 def _ring_has_claimed_block(shmid: int | None) -> bool | None:
     """Whether the ring's write block id is ahead of its read block id (read from the
     segment itself: the producer's teardown has released the channel object by now)."""
-    import ctypes
-
-    from healthkit_glt import _compat as c
+    from healthkit_glt._adapter.ring import RingLayoutError, RingView
 
     if shmid is None:
         return None
-    addr = c.libc.shmat(shmid, None, c.SHM_RDONLY)
-    if addr is None or addr == ctypes.c_void_p(-1).value:
+    try:
+        ring = RingView.attach(shmid)
+    except RingLayoutError:
         return None
     try:
-        head = (ctypes.c_size_t * 8).from_address(addr)
-        return bool(head[c.WRITE_BLOCK_ID] > head[c.READ_BLOCK_ID])
+        return ring.claimed() > 0
     finally:
-        c.libc.shmdt(addr)
+        ring.close()
 
 
 def _shm_perms(shmid: int) -> str | None:
@@ -518,7 +516,7 @@ def scenario_hk_stuck_slot(wait_before_kill: float = 1.5, receiver: str = "auto"
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     fx.init_single_process_context()
-    from healthkit_glt._receive import channel_shmid
+    from healthkit_glt._adapter.ring import channel_shmid
 
     loader = _hk_loader(fx.build_dataset(), receiver=receiver)
     producer = loader.producer
@@ -630,7 +628,7 @@ def scenario_hk_trainer(phase: str = "epoch") -> None:
     """
     import tempfile
 
-    from healthkit_glt._receive import channel_shmid
+    from healthkit_glt._adapter.ring import channel_shmid
 
     fx.init_single_process_context()
     dataset = fx.build_dataset()

@@ -474,12 +474,12 @@ def test_a_c_library_whose_semaphores_differ_gets_the_thread_receiver(
     """The ring reader reads a semaphore's value from its first word, as glibc stores it;
     another C library (cannot happen here: this one is checked to be glibc's layout) must
     get the helper thread."""
-    import healthkit_glt._receive as receive_module
     from graphlearn_torch.channel import ShmChannel
+    from healthkit_glt._adapter import ring
     from healthkit_glt._receive import ThreadReceiver, open_receiver
 
-    assert receive_module._sem_value_word_works()  # this machine: the ring reader is used
-    monkeypatch.setattr(receive_module, "_sem_value_word_works", lambda: False)
+    assert ring.sem_value_word_works()  # this machine: the ring reader is used
+    monkeypatch.setattr(ring, "sem_value_word_works", lambda: False)
     channel = ShmChannel(2, "1MB")
     with pytest.raises(hg.RingLayoutError, match="sem_t does not hold its value"):
         open_receiver(channel, [], mode="ring")
@@ -502,7 +502,8 @@ def test_a_ring_of_another_layout_is_refused_and_auto_falls_back_to_the_thread(
     import multiprocessing as mp
 
     from graphlearn_torch.channel import ShmChannel
-    from healthkit_glt._receive import RingReceiver, ThreadReceiver, channel_shmid, open_receiver
+    from healthkit_glt._adapter.ring import channel_shmid
+    from healthkit_glt._receive import RingReceiver, ThreadReceiver, open_receiver
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.shmat.restype = ctypes.c_void_p
@@ -1108,14 +1109,14 @@ def test_this_glt_build_has_every_internal_the_adapter_touches_and_passes_the_ch
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The import-time self-check on the installed build (0.2.4 or 26fe3d4): known, every
-    GLT private in ``_compat.REQUIRED`` present (module globals, methods, and the instance
+    GLT private in ``_adapter.REQUIRED`` present (module globals, methods, and the instance
     attributes GLT's ``__init__`` assigns), no warning."""
-    from healthkit_glt import _compat
+    from healthkit_glt import _adapter
 
     with caplog.at_level("WARNING", logger="healthkit.glt"):
-        _compat.self_check()
+        _adapter.self_check()
     assert caplog.text == ""
-    assert hg.glt_version() in _compat.KNOWN_BUILDS
+    assert hg.glt_version() in _adapter.KNOWN_BUILDS
 
 
 def test_a_glt_build_the_adapter_does_not_know_is_refused_naming_it(
@@ -1124,20 +1125,20 @@ def test_a_glt_build_the_adapter_does_not_know_is_refused_naming_it(
     """Same internals, unknown version: refused with an ImportError naming the build, the
     tested ones and what to do; accepted, with a warning, only when
     $HEALTHKIT_GLT_ACCEPT_BUILD names that very version."""
-    from healthkit_glt import _compat
+    from healthkit_glt import _adapter
 
-    monkeypatch.delenv(_compat.ACCEPT_BUILD_ENV, raising=False)
+    monkeypatch.delenv(_adapter.ACCEPT_BUILD_ENV, raising=False)
     with pytest.raises(ImportError) as err:
-        _compat.self_check(version="0.3.0")
+        _adapter.self_check(version="0.3.0")
     text = str(err.value)
     assert "graphlearn-torch 0.3.0 is not a build healthkit_glt knows" in text, text
     assert "0.2.4+git26fe3d4" in text and "HEALTHKIT_GLT_ACCEPT_BUILD=0.3.0" in text, text
-    monkeypatch.setenv(_compat.ACCEPT_BUILD_ENV, "0.3.1")  # another version: still refused
+    monkeypatch.setenv(_adapter.ACCEPT_BUILD_ENV, "0.3.1")  # another version: still refused
     with pytest.raises(ImportError, match=r"0\.3\.0 is not a build"):
-        _compat.self_check(version="0.3.0")
-    monkeypatch.setenv(_compat.ACCEPT_BUILD_ENV, "0.3.0")
+        _adapter.self_check(version="0.3.0")
+    monkeypatch.setenv(_adapter.ACCEPT_BUILD_ENV, "0.3.0")
     with caplog.at_level("WARNING", logger="healthkit.glt"):
-        _compat.self_check(version="0.3.0")
+        _adapter.self_check(version="0.3.0")
     assert "graphlearn-torch 0.3.0 is not a build healthkit_glt was tested with" in caplog.text
     assert "accepted by $HEALTHKIT_GLT_ACCEPT_BUILD" in caplog.text
 
@@ -1155,14 +1156,69 @@ def test_a_glt_build_that_lacks_an_internal_fails_the_check_naming_it(
 ) -> None:
     """A module global or an instance attribute GLT's ``__init__`` no longer assigns: the
     check raises ImportError naming the build, the missing name and what to do."""
-    from healthkit_glt import _compat
+    from healthkit_glt import _adapter
 
-    required = (*_compat.REQUIRED, ("graphlearn_torch.distributed.dist_server", owner, name))
+    required = (*_adapter.REQUIRED, ("graphlearn_torch.distributed.dist_server", owner, name))
     with pytest.raises(ImportError) as err:
-        _compat.self_check(version="0.3.0", required=required)
+        _adapter.self_check(version="0.3.0", required=required)
     text = str(err.value)
     assert f"graphlearn-torch 0.3.0 lacks {named}, which" in text, text
-    assert "install a tested build" in text and "port _compat.py" in text, text
+    assert "install a tested build" in text and "port _adapter/ to this one" in text, text
+
+
+def _private_names_touched(path: Any) -> set[str]:
+    """The private names (``_x``, not dunders) a module touches on something not its own
+    ``self``/``cls``: attributes, ``getattr``-family names, and names imported from
+    graphlearn_torch or torch."""
+    import ast
+
+    def private(name: object) -> bool:
+        return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+    def own(node: ast.expr) -> bool:
+        return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and private(node.attr) and not own(node.value):
+            names.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+            "graphlearn_torch", "torch",
+        ):  # fmt: skip
+            names |= {alias.name for alias in node.names if private(alias.name)}
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+            and private(node.args[1].value) and not own(node.args[0])
+        ):  # fmt: skip
+            names.add(node.args[1].value)
+    return names
+
+
+def test_the_import_time_check_covers_every_glt_private_the_adapter_touches_and_only_it() -> None:
+    """Every private the adapter's modules touch is in ``_adapter.REQUIRED`` (so the
+    import-time check looks it up on the installed build, and finds it here), and the rest of
+    healthkit_glt touches no private of GLT or torch: only its own, listed below."""
+    from pathlib import Path
+
+    from healthkit_glt import _adapter
+    from healthkit_glt._adapter import build
+
+    required = {name for _, _, name in _adapter.REQUIRED}
+    assert all(build.present(*entry) for entry in _adapter.REQUIRED)
+    package = Path(hg.__file__).parent
+    adapter = sorted((package / "_adapter").glob("*.py"))
+    assert {p.stem for p in adapter} >= {"build", "ring", "loader_state", "producer", "server"}
+    touched = {p.stem: _private_names_touched(p) for p in adapter}
+    assert {name for names in touched.values() for name in names} <= required, touched
+    assert touched["ring"] == {"_queue"} and "_dist_server" in touched["server"], touched
+    ours = {
+        "_use_endings": "DistSamplingProducer's own (_server.py)",
+        "_exit": "os._exit (_worker.py)",
+    }
+    for path in sorted(package.glob("*.py")):
+        assert _private_names_touched(path) <= set(ours), path.name
 
 
 # --- a real OOM kill of a sampling worker (issue: the producer's diagnoser came too late) ----
@@ -1241,8 +1297,8 @@ def test_healthkit_glt_logs_under_healthkit_glt_in_the_healthkit_tree() -> None:
     import importlib
     import logging
 
-    for name in ("_compat", "_loader", "_producer", "_receive", "_remote", "_server",
-                 "_worker"):  # fmt: skip
+    for name in ("_adapter.build", "_adapter.ring", "_loader", "_producer", "_receive",
+                 "_remote", "_server", "_worker"):  # fmt: skip
         module = importlib.import_module(f"healthkit_glt.{name}")
         assert module.logger is logging.getLogger("healthkit.glt"), name
     assert logging.getLogger("healthkit.glt").parent is logging.getLogger("healthkit")

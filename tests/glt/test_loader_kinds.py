@@ -94,12 +94,3 @@ def test_each_loader_is_glts_own_class_with_healthkit_glts_machinery_under_it() 
         assert ours.__mro__[1:] == (theirs, HealthkitLoader, gd.DistLoader, object), name
         assert ours.__module__ == "healthkit_glt"
         assert "shutdown" not in vars(ours) and "__next__" not in vars(ours), name
-
-
-def test_the_import_time_check_covers_every_glt_private_the_loader_state_touches() -> None:
-    """``_loader_state`` is the loader's one spot for GLT's private attributes; the adapter's
-    import-time check (``_compat.REQUIRED``) must look each of them up on the installed GLT."""
-    from healthkit_glt import _compat, _loader_state
-
-    assert set(_loader_state.REQUIRED) <= set(_compat.REQUIRED)
-    assert all(_compat._has(*entry) for entry in _loader_state.REQUIRED)

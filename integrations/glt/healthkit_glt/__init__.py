@@ -8,7 +8,7 @@ Importing this imports torch and graphlearn-torch (``import healthkit`` does not
 
 from healthkit import BarrierBrokenError, BarrierTimeoutError
 from healthkit._shared import publish
-from healthkit_glt._compat import glt_build, glt_version
+from healthkit_glt._adapter.build import glt_build, glt_version
 from healthkit_glt._config import (
     CONNECTION_TIMEOUT_ENV,
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,

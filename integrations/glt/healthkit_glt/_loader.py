@@ -13,9 +13,10 @@ lands in :meth:`HealthkitLoader.__init__` instead of ``DistLoader``'s. That one 
 all three loaders' machinery: the bounded init barrier, the worker deaths named fast,
 ``stall_timeout`` and the bounded shutdown come from the producer (multiprocessing mode) or
 from :mod:`healthkit_glt._remote` and the server-side functions of :mod:`healthkit_glt._server`
-(server-client mode). The state GLT's ``DistLoader`` keeps on the loader is written and read
-through :mod:`healthkit_glt._loader_state` only. Collocated worker options, and servers that
-run GLT's own ``DistServer``, go to ``DistLoader.__init__`` unchanged.
+(server-client mode). The state GLT's ``DistLoader`` keeps on the loader is written and
+read through the adapter's :mod:`healthkit_glt._adapter.loader_state` only. Collocated worker
+options, and servers that run GLT's own ``DistServer``, go to ``DistLoader.__init__``
+unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from graphlearn_torch.typing import Split
 
 from healthkit import InvalidArgumentError, InvalidArgumentTypeError, UsageError, WatchSet
 from healthkit._shared import check_bound
-from healthkit_glt import _loader_state as state
+from healthkit_glt._adapter import loader_state as state
 from healthkit_glt._config import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import DistSamplingProducer, check_producer_kwargs
 from healthkit_glt._remote import RemoteFetcher, ServerLink, _rpc_name

@@ -26,7 +26,7 @@ And where stock GLT leaks: workers whose trainer was SIGKILLed live on (reparent
 here each worker gets the kernel's parent-death signal. The channel's SysV segment outlives
 a SIGKILLed trainer and stays attached after ``shutdown()`` until the loader is collected;
 here it is marked for removal as soon as the workers are started and released by the
-teardown (:class:`healthkit_glt._compat.RingSegment`).
+teardown (:class:`healthkit_glt._adapter.ring.RingSegment`).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ from healthkit.lowlevel import (
     publish_job_failure,
 )
 from healthkit.lowlevel import Verdict as Verdict
-from healthkit_glt._compat import RingSegment, seeds_indexes
+from healthkit_glt._adapter.producer import seeds_indexes
+from healthkit_glt._adapter.ring import RingSegment
 from healthkit_glt._config import (
     DEFAULT_INIT_TIMEOUT_MULTIPLIER,
     TimeoutPlan,

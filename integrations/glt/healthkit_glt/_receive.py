@@ -9,31 +9,29 @@ for ring space, leaves a claimed block that is never written: ``recv()``, with o
 Two receivers, one interface (:class:`Receiver`):
 
 - :class:`RingReceiver` (GLT's ``ShmChannel``, the default): reads the ring's header in
-  shared memory, read-only, and calls ``recv()`` only when the next block is already written
-  (its read semaphore is posted), so ``recv()`` cannot block. Until then the caller waits in
+  shared memory, read-only (the adapter's :class:`~healthkit_glt._adapter.ring.RingView`),
+  and calls ``recv()`` only when the next block is already written (its read semaphore is
+  posted), so ``recv()`` cannot block. Until then the caller waits in
   ``poll()`` on a WatchSet of the workers' pidfds, 1 ms at a time (GLT's own cadence), so a
   death ends the wait at once. No thread, no hand-off: each check is two memory reads.
   A written block is returned only after one ``poll(0)`` of the same set finds no worker
   ended: once a death is known, no further batch is delivered (the survivors' batches
   already in the ring would otherwise keep coming until it ran empty: in server-client
   mode, with a consumer slower than the sampling, a whole epoch's share of them).
-- :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one checked
-  below): a helper thread does the blocking ``recv()`` and hands the message over through a
+- :class:`ThreadReceiver` (any other channel, or a ring whose layout is not the one the
+  adapter checks): a helper thread does the blocking ``recv()`` and hands the message over through a
   pipe, and the caller waits on that pipe and the pidfds (one WatchSet); a message handed
   over is likewise returned only while no worker has ended. It costs a thread
   hand-off per batch, and when a dead worker had claimed a block the thread stays blocked in
   C++ for good; the channel's segment is then marked for removal so it does not outlive the process.
 
-The ring layout is GLT 0.2.4's ``ShmQueueMeta`` (``graphlearn_torch/include/shm_queue.h``).
-It is never assumed: GLT stores its own offsets in the header (where the block table and the
-data start), and :meth:`RingReceiver.open` checks them, and every semaphore's value, against
-the layout before using it; anything else falls back to :class:`ThreadReceiver`.
+The ring layout (GLT's ``ShmQueueMeta``) is never assumed: :meth:`RingView.open` checks it
+and raises :class:`RingLayoutError` for any other, and :func:`open_receiver` then falls back
+to :class:`ThreadReceiver` (:mod:`healthkit_glt._adapter.ring`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import math
 import os
@@ -45,25 +43,12 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal, Protocol
 
-from graphlearn_torch.channel import ChannelBase, QueueTimeoutError, ShmChannel
+from graphlearn_torch.channel import ChannelBase, QueueTimeoutError
 
-from healthkit import HealthkitError, InvalidArgumentTypeError, ProcessWatch, UsageError, WatchSet
+from healthkit import InvalidArgumentTypeError, ProcessWatch, UsageError, WatchSet
 from healthkit._shared import check_choice, check_int
 from healthkit.lowlevel import MAX_TIMEOUT_S
-from healthkit_glt._compat import BLOCK_META_OFFSET as _BMO
-from healthkit_glt._compat import BLOCK_SIZE as _BLOCK_SIZE
-from healthkit_glt._compat import DATA_BUF_OFFSET as _DATA_BUF_OFFSET
-from healthkit_glt._compat import HEADER_SIZE as _HEADER_SIZE
-from healthkit_glt._compat import IPC_RMID as _IPC_RMID
-from healthkit_glt._compat import MAX_BLOCK_NUM as _MAX_BLOCK_NUM
-from healthkit_glt._compat import READ_BLOCK_ID as _READ_BLOCK_ID
-from healthkit_glt._compat import READ_SEM as _READ_SEM
-from healthkit_glt._compat import SEM_SIZE as _SEM_SIZE
-from healthkit_glt._compat import SHM_RDONLY as _SHM_RDONLY
-from healthkit_glt._compat import WRITE_BLOCK_ID as _WRITE_BLOCK_ID
-from healthkit_glt._compat import WRITE_SEM as _WRITE_SEM
-from healthkit_glt._compat import channel_shmid
-from healthkit_glt._compat import libc as _libc
+from healthkit_glt._adapter.ring import RingLayoutError, RingView, mark_for_removal
 
 __all__ = [
     "RECEIVER_MODES",
@@ -73,7 +58,6 @@ __all__ = [
     "RingLayoutError",
     "RingReceiver",
     "ThreadReceiver",
-    "channel_shmid",
     "check_receiver_mode",
     "open_receiver",
 ]
@@ -84,35 +68,6 @@ ReceiverMode = Literal["auto", "ring", "thread"]
 RECEIVER_MODES: tuple[str, ...] = ("auto", "ring", "thread")
 
 _RING_WAIT_MS = 1  # GLT's own recv() sleeps 1 ms at a time while its ring is empty
-
-
-@functools.cache
-def _sem_value_word_works() -> bool:
-    """Whether a semaphore's value can be read as its first 32-bit word (glibc's 64-bit
-    ``sem_t``), checked once per process against ``sem_getvalue`` on a real semaphore.
-
-    The ring reader reads the value that way because it runs once per batch on cold
-    caches, where a foreign-function call costs measurably more than a memory read.
-    """
-    sem = (ctypes.c_uint32 * (_SEM_SIZE // 4))()
-    addr = ctypes.addressof(sem)
-    if _libc.sem_init(addr, 1, 0) != 0:
-        return False
-    try:
-        for expected in (0, 1, 2):
-            if expected:
-                _libc.sem_post(addr)
-            if not _sem_word(addr) == _sem_getvalue(addr) == expected:
-                return False
-        return True
-    finally:
-        _libc.sem_destroy(addr)
-
-
-class RingLayoutError(HealthkitError, RuntimeError):
-    """The channel's shared-memory ring is not GLT 0.2.4's layout (or not a ShmChannel):
-    ``receiver="ring"`` cannot be used with it; use ``"auto"`` or ``"thread"``. A
-    ``HealthkitError`` (and a ``RuntimeError``, as before)."""
 
 
 class ErrorReported(Exception):
@@ -267,20 +222,18 @@ def open_receiver(
 
 
 class RingReceiver:
-    """Receives on the caller's thread, calling ``recv()`` only for a block already written.
+    """Receives on the caller's thread, calling ``recv()`` only for a block already written
+    (:meth:`healthkit_glt._adapter.ring.RingView.next_block_written`).
 
     One consumer per ring (GLT's design): nobody else takes a posted read semaphore, so
-    "posted" stays true until our ``recv()`` takes it, and the read block id changes only
-    in our own ``recv()``. The segment is attached read-only: a bug here can misread the
-    ring, never corrupt it.
+    "written" stays true until our ``recv()`` takes it.
     """
 
     def __init__(
         self,
         channel: ChannelBase,
         workers: Sequence[BaseProcess],
-        addr: int,
-        blocks: int,
+        ring: RingView,
         reports: Any = None,
         flag: Any = _NO_REPORT,
     ) -> None:
@@ -290,15 +243,9 @@ class RingReceiver:
         # close() from another thread writes here, so a waiting receive returns at once.
         self._wake_r, self._wake_w = os.pipe()
         self._exits.add_fd(self._wake_r)  # stays readable: receive() then sees _closed
-        self._addr: int | None = addr
-        table = (ctypes.c_char * (_HEADER_SIZE + _BLOCK_SIZE * blocks)).from_address(addr)
-        self._header = memoryview(table).cast("B").cast("Q")
-        self._words = memoryview(table).cast("B").cast("I")
-        read_sem_words = [(_HEADER_SIZE + _BLOCK_SIZE * i + _READ_SEM) // 4 for i in range(blocks)]
+        self._ring: RingView | None = ring
         # What a receive reads, in one attribute: each lookup is a cache miss after a wait.
-        self._hot = (
-            self._header, self._words, read_sem_words, self._exits.poll, channel.recv, flag
-        )  # fmt: skip
+        self._hot = (ring.next_block_written, self._exits.poll, channel.recv, flag)
         # Held for a whole receive, so close() from another thread (an atexit shutdown)
         # never detaches the segment under it. Reentrant, for a close() from a signal
         # handler on the receiving thread: that one leaves the detach to the receive.
@@ -316,23 +263,7 @@ class RingReceiver:
         flag: Any = _NO_REPORT,
     ) -> RingReceiver:
         """Attach ``channel``'s ring read-only and check its layout; RingLayoutError if not."""
-        shmid = channel_shmid(channel) if isinstance(channel, ShmChannel) else None
-        if shmid is None:
-            raise RingLayoutError(f"{type(channel).__name__} is not a GLT ShmChannel")
-        if not _sem_value_word_works():
-            raise RingLayoutError(
-                "this C library's sem_t does not hold its value in its first 32-bit word"
-            )
-        addr = _libc.shmat(shmid, None, _SHM_RDONLY)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            err = ctypes.get_errno()
-            raise RingLayoutError(f"cannot attach channel segment {shmid}: {os.strerror(err)}")
-        try:
-            blocks = _check_layout(addr)
-        except RingLayoutError:
-            _libc.shmdt(addr)
-            raise
-        return cls(channel, workers, addr, blocks, reports, flag)
+        return cls(channel, workers, RingView.open(channel), reports, flag)
 
     def receive(self, timeout: float | None = None) -> tuple[Any, list[ProcessWatch]]:
         with self._lock:
@@ -340,9 +271,7 @@ class RingReceiver:
                 raise UsageError("the sampling producer was shut down during a receive")
             self._receiving = True
             try:
-                header, words, sems, poll, recv, flag = self._hot
-                r = header[_READ_BLOCK_ID]
-                sem = sems[r % len(sems)]
+                written, poll, recv, flag = self._hot
                 deadline = None if timeout is None else time.monotonic() + timeout
                 while True:
                     # Each pass is one 1 ms wake, on cold caches: every bytecode here
@@ -350,7 +279,7 @@ class RingReceiver:
                     # the test is three memory reads and the wait one poll() call. A
                     # reported sampling error (the flag) is raised before any batch: the
                     # poll() below finds its pipe readable at once.
-                    if header[_WRITE_BLOCK_ID] > r and words[sem] and not flag[0]:
+                    if written() and not flag[0]:
                         # A written block is delivered only while no worker has ended
                         # (one poll(0) of the exit set): a death already known stops
                         # delivery at once. Without this check the survivors' batches
@@ -391,56 +320,14 @@ class RingReceiver:
         return True
 
     def _detach(self) -> None:
-        """Unmap the segment and close the fds (once; only while no receive reads them)."""
-        addr, self._addr = self._addr, None
-        if addr is None:
+        """Unmap the ring and close the fds (once; only while no receive reads them)."""
+        ring, self._ring = self._ring, None
+        if ring is None:
             return
-        self._header.release()
-        self._words.release()
-        _libc.shmdt(addr)
+        ring.close()
         self._exits.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
-
-
-def _check_layout(addr: int) -> int:
-    """The number of blocks of the ring at ``addr``, after checking that its header is GLT
-    0.2.4's layout: the offsets GLT wrote match ours, and every semaphore reads 0 or 1, in
-    its first word too."""
-    head = (ctypes.c_size_t * 4).from_address(addr)
-    blocks = head[_MAX_BLOCK_NUM]
-    expected = (_HEADER_SIZE, _HEADER_SIZE + _BLOCK_SIZE * blocks)
-    found = (head[_BMO], head[_DATA_BUF_OFFSET])
-    if blocks < 1 or found != expected:
-        raise RingLayoutError(
-            "the channel's ring header is not graphlearn-torch 0.2.4's layout "
-            f"({blocks} blocks, block table and data at {found}, expected {expected})"
-        )
-    for i in range(blocks):
-        for sem in (_WRITE_SEM, _READ_SEM):
-            sem_addr = addr + _HEADER_SIZE + _BLOCK_SIZE * i + sem
-            # Read between two sem_getvalue() calls: a writer may post in between.
-            before, word, after = (
-                _sem_getvalue(sem_addr),
-                _sem_word(sem_addr),
-                _sem_getvalue(sem_addr),
-            )
-            if not {before, after} <= {0, 1} or word not in (before, after):
-                raise RingLayoutError(
-                    f"the channel's ring block {i} has a semaphore reading {before} "
-                    f"(first word {word}); not graphlearn-torch 0.2.4's layout"
-                )
-    return int(blocks)
-
-
-def _sem_getvalue(addr: int) -> int:
-    value = ctypes.c_int()
-    _libc.sem_getvalue(addr, ctypes.byref(value))
-    return value.value
-
-
-def _sem_word(addr: int) -> int:
-    return ctypes.c_uint32.from_address(addr).value
 
 
 class ThreadReceiver:
@@ -552,8 +439,7 @@ class ThreadReceiver:
             return True
         # The stuck thread keeps the write end; it never writes again (it cannot return
         # from the C++ wait) and the kernel closes it at exit.
-        shmid = channel_shmid(self._channel)
-        removed = shmid is not None and _libc.shmctl(shmid, _IPC_RMID, None) == 0
+        shmid, removed = mark_for_removal(self._channel)
         logger.warning(
             "healthkit-glt receive thread stays blocked on a ring slot a dead worker had "
             "claimed (it cannot be interrupted); channel segment %s %s",

@@ -42,7 +42,7 @@ from graphlearn_torch.sampler import RemoteSamplerInput
 from healthkit import BarrierBrokenError, InvalidArgumentTypeError
 from healthkit._shared import check_bool, check_bound, check_int, check_seconds
 from healthkit.lowlevel import EndingClassifier, LeaseServer
-from healthkit_glt._compat import install_server, set_server_context
+from healthkit_glt._adapter.server import ProducerPools, install_server, set_server_context
 from healthkit_glt._config import connection_timeout as resolve_connection_timeout
 from healthkit_glt._producer import (
     DistSamplingProducer,
@@ -91,6 +91,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
             producer_kwargs or {}, connection_timeout, lease_host, lease_bind
         )
         super().__init__(dataset)
+        self._pools = ProducerPools(self)  # GLT's, which its inherited methods read
         from graphlearn_torch.distributed.dist_context import get_context
 
         ctx = get_context()
@@ -151,7 +152,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         """
         if isinstance(sampler_input, RemoteSamplerInput):
             sampler_input = sampler_input.to_local_sampler_input(dataset=self.dataset)
-        with self._lock:
+        with self._pools.lock:
             # Checked under the lock that the lease's end also takes: a lease that ends
             # from here on finds this producer among its own and shuts it down.
             if not self._leases.is_live(token):
@@ -160,12 +161,11 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                     "(the loader is shutting down, or its connection failed)",
                 )  # fmt: skip
             key = worker_options.worker_key
-            producer_id: int | None = self._worker_key2producer_id.get(key)
+            producer_id = self._pools.shared_id(key)
             if producer_id is not None and producer_id not in self._failures:
                 self._owners[producer_id].add(token)
                 return producer_id
-            producer_id = int(self._cur_producer_idx)
-            self._cur_producer_idx += 1
+            producer_id = self._pools.new_id()
             buffer = ShmChannel(worker_options.buffer_capacity, worker_options.buffer_size)
             producer = DistSamplingProducer(
                 self.dataset, sampler_input, sampling_config, worker_options, buffer,
@@ -183,10 +183,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                     producer_id=producer_id,
                     diagnoses=tuple(p.diagnosis for p in dead if p.diagnosis is not None),
                 )  # fmt: skip
-            self._worker_key2producer_id[key] = producer_id
-            self._producer_pool[producer_id] = producer
-            self._msg_buffer_pool[producer_id] = buffer
-            self._epoch[producer_id] = -1
+            self._pools.add(key, producer_id, producer, buffer)
             self._owners[producer_id] = {token}
             self._fetch_locks[producer_id] = threading.Lock()
         logger.info("sampling producer %d (worker key %r, workers %s) started for %s",
@@ -196,14 +193,13 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
 
     def start_epoch(self, producer_id: int, epoch: int) -> ServerFailure | None:
         """GLT's ``start_new_epoch_sampling``, answering a failed producer with its failure."""
-        with self._lock:
+        with self._pools.lock:
             if (failure := self._failures.get(producer_id)) is not None:
                 return failure
-            producer = self._producer_pool.get(producer_id)
+            producer = self._pools.get(producer_id)
             if producer is None:
                 return self._unknown(producer_id)
-            if self._epoch[producer_id] < epoch:
-                self._epoch[producer_id] = epoch
+            if self._pools.new_epoch(producer_id, epoch):
                 try:
                     producer.produce_all()
                 except (SamplingWorkerDiedError, SamplingError, SamplingStalledError) as e:
@@ -230,7 +226,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         try:
             if (failure := self._failures.get(producer_id)) is not None:
                 return "failed", failure
-            producer = self._producer_pool.get(producer_id)
+            producer = self._pools.get(producer_id)
             if producer is None:
                 return "failed", self._unknown(producer_id)
             try:
@@ -265,7 +261,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         shuts it down (``grace``: the wait after STOP, default the producer's)."""
         if grace is not None:
             grace = check_seconds(grace, "grace")
-        with self._lock:
+        with self._pools.lock:
             owners = self._owners.get(producer_id)
             if owners is None:
                 return
@@ -276,25 +272,20 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
 
     def destroy_sampling_producer(self, producer_id: int) -> None:
         """GLT's: shut the producer down whoever uses it (server shutdown, stock clients)."""
-        with self._lock:
+        with self._pools.lock:
             self._owners[producer_id] = set()
             producer = self._pop_if_unowned(producer_id)
         if producer is not None:
             producer.shutdown()
 
     def _pop_if_unowned(self, producer_id: int) -> DistSamplingProducer | None:
-        """Forget a producer that has no owner left (under ``self._lock``)."""
+        """Forget a producer that has no owner left (under ``self._pools.lock``)."""
         if self._owners.get(producer_id):
             return None
         self._owners.pop(producer_id, None)
         self._fetch_locks.pop(producer_id, None)
         self._failures.pop(producer_id, None)
-        self._epoch.pop(producer_id, None)
-        self._msg_buffer_pool.pop(producer_id, None)
-        for key, pid in list(self._worker_key2producer_id.items()):
-            if pid == producer_id:
-                del self._worker_key2producer_id[key]
-        producer: DistSamplingProducer | None = self._producer_pool.pop(producer_id, None)
+        producer: DistSamplingProducer | None = self._pools.pop(producer_id)
         return producer
 
     def _record(
@@ -310,7 +301,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         cyclic GC ran, long after its release. The server never shows that traceback (the
         clients get the record), so it is dropped here, each time the producer raises."""
         drop_frames(e)
-        with self._lock:
+        with self._pools.lock:
             if (known := self._failures.get(producer_id)) is not None:
                 return known
             if isinstance(e, SamplingWorkerDiedError):
@@ -335,9 +326,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
                 )  # fmt: skip
             self._failures[producer_id] = failure
             # Not shared any more: a new client of this worker key gets a new producer.
-            for key, pid in list(self._worker_key2producer_id.items()):
-                if pid == producer_id:
-                    del self._worker_key2producer_id[key]
+            self._pools.unshare(producer_id)
         logger.error("sampling producer %d failed; its clients get this error:\n%s",
                      producer_id, e)  # fmt: skip
         return failure
@@ -360,7 +349,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
     def _lease_ended(self, token: str, why: str) -> None:
         """A client is gone (runs on the lease thread): release its producers on a thread
         of its own, so other leases are not held up by a teardown."""
-        with self._lock:
+        with self._pools.lock:
             owned = [pid for pid, owners in self._owners.items() if token in owners]
         if not owned:
             return
@@ -388,7 +377,7 @@ class DistServer(_GLTDistServer):  # type: ignore[misc]
         self._leases.close()
         for thread in list(self._released):
             thread.join()
-        for producer_id in list(self._producer_pool):
+        for producer_id in self._pools.ids():
             self.destroy_sampling_producer(producer_id)
 
 

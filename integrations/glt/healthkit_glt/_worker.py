@@ -36,7 +36,7 @@ from healthkit import (
 )
 from healthkit._shared import check_bound, check_int
 from healthkit.lowlevel import die_with_parent, flush_logging
-from healthkit_glt._compat import set_rpc_timeout, set_worker_signal_handlers
+from healthkit_glt._adapter.producer import set_rpc_timeout, set_worker_signal_handlers
 
 __all__ = [
     "SamplerFactory",

@@ -5,9 +5,8 @@ producer-starting part of ``DistLoader.__init__`` themselves (:mod:`healthkit_gl
 and then rely on GLT's own ``__iter__``, ``__next__``, ``_collate_fn`` and ``__del__``, which
 read the private attributes that ``__init__`` would have set. Every one of those attributes is
 touched through the functions below, and nowhere else in the loader: a GLT that renames one
-breaks this module only, and :data:`REQUIRED` lists them for the import-time check of
-:mod:`healthkit_glt._compat` (``tests/glt`` asserts that check covers them). The config
-fields and the ``_is_*_worker`` flags are set by :func:`healthkit_glt._compat.init_loader_state`.
+breaks this module only, and :data:`REQUIRED` lists them for the adapter's import-time
+check (``tests/glt`` asserts that check covers every private the adapter touches).
 
 Known builds (both tested by tests/glt): graphlearn-torch 0.2.4 (PyPI, torch 2.3), which sets
 ``_shutdowned`` last in ``__init__``, and upstream 26fe3d4 built from source (torch 2.8),
@@ -20,25 +19,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from healthkit_glt._compat import (
-    collate,
-    init_loader_state,
-    set_worker_ranks,
-)
-
-# The dataset's partitioning and types (from the dataset, or a server's meta): _compat's.
-from healthkit_glt._compat import set_loader_partitions as set_partitions
+from healthkit_glt._adapter.build import Required
 
 __all__ = [
     "REQUIRED",
     "begin",
     "build",
     "channel",
+    "collate",
+    "init_loader_state",
     "is_running",
     "mark_shut_down",
     "next_batch",
     "producer",
     "set_partitions",
+    "set_worker_ranks",
     "start_epoch",
     "start_mp",
     "start_remote",
@@ -46,14 +41,26 @@ __all__ = [
 
 _DIST = "graphlearn_torch.distributed"
 
-#: Every GLT private of ``DistLoader`` this module reads or writes, in the format of
-#: :data:`healthkit_glt._compat.REQUIRED` (module, owner, name).
-REQUIRED: tuple[tuple[str, str | None, str], ...] = tuple(
-    (_DIST, "DistLoader", name)
-    for name in (
-        "_shutdowned", "_input_len", "_input_type", "_num_expected", "_num_recv", "_epoch",
-        "_channel", "_mp_producer", "_collate_fn", "_set_ntypes_and_etypes",
-    )
+#: The ``SamplingConfig`` fields ``DistLoader.__init__`` copies onto the loader.
+_CONFIG_FIELDS = (
+    "sampling_type", "num_neighbors", "batch_size", "shuffle", "drop_last", "with_edge",
+    "with_weight", "collect_features", "edge_dir",
+)  # fmt: skip
+
+#: Every GLT private of ``DistLoader`` this module reads or writes, and the flags GLT's own
+#: ``__iter__``, ``__next__`` and ``__del__`` read from what ``__init__`` set (the server-client
+#: lists among them), in the format of :data:`healthkit_glt._adapter.REQUIRED`.
+REQUIRED: tuple[Required, ...] = (
+    *(
+        (_DIST, "DistLoader", name)
+        for name in (
+            "_is_collocated_worker", "_is_mp_worker", "_is_remote_worker", "_num_recv",
+            "_epoch", "_with_channel", "_shutdowned", "_channel", "_mp_producer",
+            "_input_len", "_input_type", "_num_expected", "_server_rank_list",
+            "_producer_id_list", "_collate_fn", "_set_ntypes_and_etypes",
+        )
+    ),
+    (_DIST, "MpDistSamplingWorkerOptions", "_set_worker_ranks"),
 )  # fmt: skip
 
 
@@ -157,3 +164,59 @@ def next_batch(loader: Any, receive: Callable[[], Any]) -> Any:
     result = collate(loader, receive())
     loader._num_recv += 1
     return result
+
+
+def init_loader_state(
+    loader: Any,
+    *,
+    data: Any,
+    input_data: Any,
+    config: Any,
+    to_device: Any,
+    worker_options: Any,
+    remote: bool,
+) -> None:
+    """The state GLT's ``DistLoader.__init__`` sets before it starts a producer, for a
+    multiprocessing (``remote=False``) or server-client loader: what its ``__iter__``,
+    ``__next__``, ``_collate_fn`` and ``__del__`` read.
+
+    Why here: GLT's ``DistLoader`` takes no producer class, so the loader does its own
+    ``__init__`` branch (see :mod:`healthkit_glt._loader`) and must leave the same private
+    flags behind; the adapter's import-time check (:data:`REQUIRED`) checks that GLT's
+    ``__init__`` still sets them.
+    """
+    from graphlearn_torch.utils import get_available_device
+
+    loader.data = data
+    loader.input_data = input_data
+    for name in _CONFIG_FIELDS:
+        setattr(loader, name, getattr(config, name))
+    loader.sampling_config = config
+    loader.to_device = get_available_device(to_device)
+    loader.worker_options = worker_options
+    loader._is_collocated_worker = False
+    loader._is_mp_worker = not remote
+    loader._is_remote_worker = remote
+    loader._num_recv = 0
+    loader._epoch = 0
+    loader._with_channel = True
+
+
+def set_partitions(
+    loader: Any, num_partitions: int, partition_idx: int, ntypes: Any, etypes: Any
+) -> None:
+    """The dataset's partitioning and types on the loader, as ``DistLoader.__init__`` sets them."""
+    loader.num_data_partitions = num_partitions
+    loader.data_partition_idx = partition_idx
+    loader._set_ntypes_and_etypes(ntypes, etypes)
+
+
+def set_worker_ranks(worker_options: Any, ctx: Any) -> None:
+    """``MpDistSamplingWorkerOptions._set_worker_ranks``: the workers' RPC ranks from the
+    current distributed context (GLT's loader calls it before building the producer)."""
+    worker_options._set_worker_ranks(ctx)
+
+
+def collate(loader: Any, msg: Any) -> Any:
+    """GLT's ``DistLoader._collate_fn``: a sampled message as the batch the loader yields."""
+    return loader._collate_fn(msg)
