@@ -944,6 +944,13 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
     import select
     import subprocess
 
+    # A segment some earlier process left (a SIGKILLed run) may carry a creator pid the
+    # kernel has since given to this trainer or a worker: only segments made from now count.
+    older = {int(r["shmid"]) for r in procs.sysv_shm_rows()}
+
+    def made_by(pids: Sequence[int]) -> list[int]:
+        return [i for i in procs.sysv_shm_created_by(pids) if i not in older]
+
     with procs.sigusr1_stack_dumps() as (env, _):
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "hk-trainer", phase],
@@ -979,11 +986,11 @@ def sigkill_trainer(phase: str, timeout: float = 120.0, watch_s: float = 5.0) ->
                 time.sleep(0.005)
             survivors = [p for p in pids if procs.alive(p)]
             settle = time.monotonic() + 2.0  # the kernel frees a segment at the last detach
-            while time.monotonic() < settle and procs.sysv_shm_created_by([proc.pid]):
+            while time.monotonic() < settle and made_by([proc.pid]):
                 time.sleep(0.02)
             return {"worker_pids": pids, "gone_after_s": list(gone_after.values()),
                     "survivors": survivors, "shmid": info["shmid"],
-                    "segments_left": procs.sysv_shm_created_by([proc.pid, *pids]),
+                    "segments_left": made_by([proc.pid, *pids]),
                     "dev_shm_left": _dev_shm_names([proc.pid, *pids]),
                     "output": "".join(out)}  # fmt: skip
         finally:
