@@ -165,3 +165,19 @@ def close_interrupted_torch_probes(fds: set[int]) -> set[int]:
                 os.unlink(target)
             closed.add(fd)
     return closed
+
+
+def netns_available() -> str | None:
+    """None if a private network namespace (its loopback up) can be made here, else why not:
+    a lost network is simulated by taking that loopback down."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare or ip is not installed"
+    try:
+        r = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")

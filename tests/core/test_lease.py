@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testutil import netns_available
 
 from healthkit._watch import lease as lease_module
 from healthkit._watch.lease import CLOSED, keepalive_plan, set_keepalive
@@ -333,22 +333,11 @@ print(json.dumps(out))
 """
 
 
-def _netns_unavailable() -> str | None:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare or ip is not installed"
-    try:
-        r = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return None if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
-
-
 @pytest.mark.timeout(60)
 def test_a_lost_network_ends_both_sides_within_the_connection_timeout() -> None:
     """The twin of the stopped peer: silence from the peer's kernel too is a loss, told
     by both sides within the bound they state (2 s here: silent 1-2 s before)."""
-    if (why := _netns_unavailable()) is not None:
+    if (why := netns_available()) is not None:
         pytest.skip(f"cannot make a private network namespace here: {why}")
     code = LOST_NETWORK.replace("TIMEOUT", repr(TIMEOUT_S))
     r = subprocess.run(

@@ -1105,16 +1105,6 @@ def run(name: str, args: Sequence[str] = (), timeout: float = 300.0, netns: bool
                             prefix=prefix)  # fmt: skip
 
 
-def netns_available() -> str | None:
-    """None if a private network namespace can be made here, else why not."""
-    try:
-        r = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return None if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
-
-
 def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in SCENARIOS:
         print(f"usage: glt_server_scenarios.py {{{','.join(SCENARIOS)}}} [args]")

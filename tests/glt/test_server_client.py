@@ -19,6 +19,7 @@ import warnings
 from typing import Any
 
 import pytest
+from testutil import netns_available
 
 pytest.importorskip("graphlearn_torch")
 
@@ -305,7 +306,7 @@ def test_a_lost_network_ends_the_clients_loader_and_the_servers_producer_within_
     """The loopback of a private network namespace taken down: no FIN, no RST, no error
     from the RPC layer for minutes. Both leases end when the kernels' keepalive probes go
     unanswered (connection timeout 4 s here)."""
-    if (why := ssc.netns_available()) is not None:
+    if (why := netns_available()) is not None:
         pytest.skip(f"cannot make a private network namespace here: {why}")
     r = _run("network-loss", netns=True)
     nl = r["network_loss"]

@@ -27,7 +27,6 @@ __all__ = [
     "build",
     "channel",
     "collate",
-    "init_loader_state",
     "is_running",
     "mark_shut_down",
     "next_batch",
@@ -80,13 +79,27 @@ def build(
     worker_options: Any,
     remote: bool,
 ) -> None:
-    """What ``DistLoader.__init__`` sets before it starts a producer, and for a
-    multiprocessing loader (``remote=False``) the dataset's partitions and how many batches
-    an epoch has (``data`` and ``input_data`` checked by the caller)."""
-    init_loader_state(
-        loader, data=data, input_data=input_data, config=config, to_device=to_device,
-        worker_options=worker_options, remote=remote,
-    )  # fmt: skip
+    """What ``DistLoader.__init__`` sets before it starts a producer, for a multiprocessing
+    (``remote=False``) or server-client loader: what its ``__iter__``, ``__next__``,
+    ``_collate_fn`` and ``__del__`` read; for a multiprocessing loader also the dataset's
+    partitions and how many batches an epoch has (``data`` and ``input_data`` checked by the
+    caller). :data:`REQUIRED` checks at import that GLT's ``__init__`` still sets them.
+    """
+    from graphlearn_torch.utils import get_available_device
+
+    loader.data = data
+    loader.input_data = input_data
+    for name in _CONFIG_FIELDS:
+        setattr(loader, name, getattr(config, name))
+    loader.sampling_config = config
+    loader.to_device = get_available_device(to_device)
+    loader.worker_options = worker_options
+    loader._is_collocated_worker = False
+    loader._is_mp_worker = not remote
+    loader._is_remote_worker = remote
+    loader._num_recv = 0
+    loader._epoch = 0
+    loader._with_channel = True
     if remote:
         loader._num_expected = float("inf")  # the servers say when an epoch ends
         return
@@ -164,42 +177,6 @@ def next_batch(loader: Any, receive: Callable[[], Any]) -> Any:
     result = collate(loader, receive())
     loader._num_recv += 1
     return result
-
-
-def init_loader_state(
-    loader: Any,
-    *,
-    data: Any,
-    input_data: Any,
-    config: Any,
-    to_device: Any,
-    worker_options: Any,
-    remote: bool,
-) -> None:
-    """The state GLT's ``DistLoader.__init__`` sets before it starts a producer, for a
-    multiprocessing (``remote=False``) or server-client loader: what its ``__iter__``,
-    ``__next__``, ``_collate_fn`` and ``__del__`` read.
-
-    Why here: GLT's ``DistLoader`` takes no producer class, so the loader does its own
-    ``__init__`` branch (see :mod:`healthkit_glt._loader`) and must leave the same private
-    flags behind; the adapter's import-time check (:data:`REQUIRED`) checks that GLT's
-    ``__init__`` still sets them.
-    """
-    from graphlearn_torch.utils import get_available_device
-
-    loader.data = data
-    loader.input_data = input_data
-    for name in _CONFIG_FIELDS:
-        setattr(loader, name, getattr(config, name))
-    loader.sampling_config = config
-    loader.to_device = get_available_device(to_device)
-    loader.worker_options = worker_options
-    loader._is_collocated_worker = False
-    loader._is_mp_worker = not remote
-    loader._is_remote_worker = remote
-    loader._num_recv = 0
-    loader._epoch = 0
-    loader._with_channel = True
 
 
 def set_partitions(
